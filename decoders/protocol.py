@@ -1,0 +1,47 @@
+"""The model protocol every decoder uses and every image AR model implements.
+
+Image tokens are addressed by their raster index i in [0, H*W). `start` prefills the prompts (and, with
+CFG, the unconditional branch) and returns the logits for index 0. `step(tokens, index)` feeds tokens at
+the given indices, per sample, and returns for each the logits that predict index + 1, plus the last
+hidden state before the final norm. Caches are position-indexed: feeding a sample from an earlier index
+is its rollback, and touches no other sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class StepOutput:
+    cond: torch.Tensor  # [B, S, V] conditional logits
+    uncond: torch.Tensor | None  # [B, S, V] unconditional logits, None without CFG
+    hidden: torch.Tensor  # [B, S, D] conditional last hidden state, before the final norm
+
+
+class ImageTokenModel(Protocol):
+    name: str
+    grid: tuple[int, int]  # (rows, cols) of image tokens
+    n_codes: int  # image-token vocabulary size
+    hidden_dim: int
+
+    def validate_prompts(self, prompts: list[str]) -> None:
+        """Raise ValueError naming the prompt and the problem."""
+
+    def start(self, prompts: list[str], use_cfg: bool) -> StepOutput:
+        """Allocate caches for len(prompts) samples, prefill, return logits for index 0 ([B, 1, V])."""
+
+    def step(self, tokens: torch.Tensor, index: torch.Tensor) -> StepOutput:
+        """tokens, index [B, S] -> logits predicting index + 1, [B, S, V]."""
+
+    def embed(self, tokens: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Input embeddings of image tokens at indices, [B, S, D]."""
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's own final norm + head: [..., D] -> [..., V]."""
+
+    def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, H*W] -> uint8 images [B, height, width, 3]."""

@@ -1,0 +1,91 @@
+"""The one processed distribution, and sampling from it with a torch.Generator per sample.
+
+`processed_probs` turns raw logits into the distribution every decoder samples from and verifies
+against: CFG mix -> temperature -> top-k -> top-p -> softmax. AR sampling, drafting and verification all
+call it, because speculative acceptance is lossless only when draft and target are processed alike.
+
+Randomness is per sample: `uniforms` draws each sample's numbers from that sample's own generator, so a
+sample's tokens do not depend on which other samples share its batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How logits become a distribution. temperature 0 means greedy (a one-hot at the arg-max)."""
+
+    cfg_scale: float = 3.0
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    def __post_init__(self):
+        if not math.isfinite(self.cfg_scale) or self.cfg_scale < 0:
+            raise ValueError(f"cfg_scale must be a finite number >= 0, got {self.cfg_scale}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 1, or 0 for off; got {self.top_k}")
+        if not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg_scale != 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def cfg_mix(cond: torch.Tensor, uncond: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Classifier-free guidance on logits: u + s * (c - u). scale 1 (or no uncond) returns cond."""
+    if uncond is None or scale == 1.0:
+        return cond
+    return uncond + scale * (cond - uncond)
+
+
+def processed_probs(cond: torch.Tensor, uncond: torch.Tensor | None, sc: SamplingConfig) -> torch.Tensor:
+    """Logits [..., V] (conditional, and unconditional for CFG) -> probabilities [..., V]."""
+    logits = cfg_mix(cond.float(), None if uncond is None else uncond.float(), sc.cfg_scale)
+    if sc.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+    logits = logits / sc.temperature
+    if sc.top_k and sc.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, sc.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sc.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= sc.top_p  # keep the smallest prefix >= p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def make_generators(seeds: list[int], device: torch.device | str = "cpu") -> list[torch.Generator]:
+    return [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+
+def uniforms(gens: list[torch.Generator], *shape: int, device=None) -> torch.Tensor:
+    """[B, *shape] uniforms in [0, 1), row b drawn from gens[b] alone."""
+    return torch.stack([torch.rand(shape, generator=g, device=g.device) for g in gens]).to(device)
+
+
+def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: probs [..., V], u [...] -> token ids [...]. Deterministic given u."""
+    cdf = probs.cumsum(-1)
+    cdf = cdf / cdf[..., -1:]  # guard against rounding: the last bin ends at exactly 1
+    idx = torch.searchsorted(cdf, u.unsqueeze(-1).to(cdf.dtype), right=True).squeeze(-1)
+    return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+def sample(probs: torch.Tensor, gens: list[torch.Generator]) -> torch.Tensor:
+    """One token per sample: probs [B, V] -> [B]."""
+    return sample_from(probs, uniforms(gens, device=probs.device))

@@ -1,0 +1,211 @@
+"""The reference text-to-image AR model: a LlamaGen-style decoder-only transformer.
+
+Sequence layout: [caption tokens (36, right-padded) | image tokens (256, raster order)]. Ids 0..1023 are
+image codes; caption words follow at 1024 + word id. The output head covers image codes only: the
+logits at sequence position t predict the image token at position t + 1, so the last caption position
+predicts the first image token and no begin-of-image token is needed.
+
+Blocks are pre-norm: RMSNorm, attention with rotary position embeddings (RoPE) over the sequence
+position, SwiGLU MLP. A learned 2D position embedding on image tokens tells each token its row and column.
+
+Inference uses a pre-allocated, position-indexed KV cache (gpt-fast style): `forward(idx, input_pos)`
+writes keys and values at each sample's own absolute positions and attends to cache slots <= the
+query's position. Rolling one sample back therefore means only feeding it from an earlier position
+next time; stale slots beyond it are masked by causality and overwritten. Other samples are untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_image_codes: int = 1024
+    n_caption_words: int = 64
+    caption_len: int = 36
+    grid: int = 16  # image tokens per side
+    dim: int = 256
+    n_layers: int = 6
+    n_heads: int = 8
+    mlp_hidden: int = 688
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    cfg_dropout: float = 0.1  # probability of training with the null caption
+
+    @property
+    def n_image_tokens(self) -> int:
+        return self.grid * self.grid
+
+    @property
+    def seq_len(self) -> int:
+        return self.caption_len + self.n_image_tokens
+
+    @property
+    def vocab_size(self) -> int:
+        return self.n_image_codes + self.n_caption_words
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GPTConfig":
+        return cls(**d)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(cfg: GPTConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape [seq_len, head_dim // 2]."""
+    hd = cfg.dim // cfg.n_heads
+    freqs = 1.0 / (cfg.rope_base ** (torch.arange(0, hd, 2).float() / hd))
+    ang = torch.outer(torch.arange(cfg.seq_len).float(), freqs)
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, S, hd]; cos/sin [B, 1, S, hd/2] (or broadcastable)."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class KVCache(nn.Module):
+    """Per-layer pre-allocated keys/values [B, H, T, hd], written at absolute positions per sample."""
+
+    def __init__(self, batch: int, n_heads: int, max_len: int, head_dim: int, dtype=torch.float32, device=None):
+        super().__init__()
+        shape = (batch, n_heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """input_pos [B, S]; k, v [B, H, S, hd] -> full caches [B, H, T, hd]."""
+        B, H, S, D = k.shape
+        idx = input_pos[:, None, :, None].expand(B, H, S, D)
+        self.k.scatter_(2, idx, k)
+        self.v.scatter_(2, idx, v)
+        return self.k, self.v
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.dim // cfg.n_heads
+        self.wqkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
+        self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x, cos, sin, input_pos=None, mask=None):
+        B, S, _ = x.shape
+        q, k, v = self.wqkv(x).view(B, S, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3x [B,H,S,hd]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.kv_cache is None:  # training / full recompute: plain causal attention
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            k, v = self.kv_cache.update(input_pos, k, v)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.wo(y.transpose(1, 2).reshape(B, S, -1))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.attn_norm, self.attn = RMSNorm(cfg.dim, cfg.norm_eps), Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.w13 = nn.Linear(cfg.dim, 2 * cfg.mlp_hidden, bias=False)  # gate and up, fused
+        self.w2 = nn.Linear(cfg.mlp_hidden, cfg.dim, bias=False)
+
+    def forward(self, x, cos, sin, input_pos=None, mask=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, input_pos, mask)
+        gate, up = self.w13(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.w2(F.silu(gate) * up)
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.img_pos = nn.Parameter(torch.zeros(cfg.n_image_tokens, cfg.dim))  # learned 2D (row, col) position
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.head = nn.Linear(cfg.dim, cfg.n_image_codes, bias=False)
+        cos, sin = rope_tables(cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init)
+        for blk in self.layers:  # scaled init of residual projections (GPT-2)
+            nn.init.normal_(blk.attn.wo.weight, std=0.02 / (2 * cfg.n_layers) ** 0.5)
+            nn.init.normal_(blk.w2.weight, std=0.02 / (2 * cfg.n_layers) ** 0.5)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+
+    # ------------------------------------------------------------------ embeddings and head
+    def embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, S] at sequence positions [B, S] -> input embeddings [B, S, dim]."""
+        x = self.tok_emb(idx)
+        img = pos - self.cfg.caption_len  # image-token index, negative on caption positions
+        is_img = (img >= 0).unsqueeze(-1)
+        return x + torch.where(is_img, self.img_pos[img.clamp(min=0)], torch.zeros_like(x))
+
+    def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """The model's own final norm + head: pre-norm hidden [..., dim] -> image-code logits [..., 1024]."""
+        return self.head(self.norm(h))
+
+    # ------------------------------------------------------------------ forward
+    def hidden(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Last hidden state before the final norm, [B, S, dim].
+
+        Without input_pos: a full causal pass from position 0 (training). With input_pos [B, S]: a cached
+        pass at those absolute positions (caches must be set up)."""
+        B, S = idx.shape
+        if input_pos is None:
+            pos = torch.arange(S, device=idx.device).expand(B, S)
+            cos, sin, mask = self.rope_cos[:S], self.rope_sin[:S], None
+        else:
+            pos = input_pos
+            cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)  # [B,1,S,hd/2]
+            T = self.layers[0].attn.kv_cache.k.shape[2]
+            mask = (torch.arange(T, device=idx.device)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
+        x = self.embed(idx, pos)
+        for blk in self.layers:
+            x = blk(x, cos, sin, input_pos, mask)
+        return x
+
+    def forward(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (logits [B, S, 1024], pre-norm hidden [B, S, dim])."""
+        h = self.hidden(idx, input_pos)
+        return self.logits_from_hidden(h), h
+
+    # ------------------------------------------------------------------ caches
+    def setup_caches(self, batch: int, max_len: int | None = None) -> None:
+        max_len = max_len or self.cfg.seq_len
+        p = next(self.parameters())
+        for blk in self.layers:
+            blk.attn.kv_cache = KVCache(batch, self.cfg.n_heads, max_len, self.cfg.dim // self.cfg.n_heads,
+                                        p.dtype, p.device)
+
+    def clear_caches(self) -> None:
+        for blk in self.layers:
+            blk.attn.kv_cache = None
+
+    def training_loss(self, captions: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """captions [B, 36], codes [B, 256] -> mean cross-entropy over image tokens."""
+        C = self.cfg.caption_len
+        idx = torch.cat([captions + self.cfg.n_image_codes, codes], dim=1)  # [B, 292]
+        logits, _ = self(idx[:, :-1])
+        return F.cross_entropy(logits[:, C - 1:].reshape(-1, logits.shape[-1]), codes.reshape(-1))

@@ -1,0 +1,73 @@
+"""The reference model (scenes VQ-VAE + AR transformer) behind the decoders' ImageTokenModel protocol."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from decoders.protocol import StepOutput
+
+from . import captions as cap
+from .weights import load_bundle
+
+
+class ReferenceModel:
+    """Wraps a trained bundle. With CFG, the cache holds 2B rows: conditional first, unconditional after."""
+
+    def __init__(self, path: Path | str | None = None, device: str | torch.device = "cpu"):
+        bundle = load_bundle(path)
+        self.device = torch.device(device)
+        self.gpt = bundle.gpt.to(self.device)
+        self.vq = bundle.vq.to(self.device)
+        self.name = bundle.name
+        self.path = bundle.path
+        g = self.gpt.cfg
+        self.grid = (g.grid, g.grid)
+        self.n_codes = g.n_image_codes
+        self.hidden_dim = g.dim
+        self._cfg = False
+        self._batch = 0
+
+    def validate_prompts(self, prompts: list[str]) -> None:
+        for i, p in enumerate(prompts):
+            try:
+                cap.encode(p)
+            except cap.CaptionError as e:
+                raise cap.CaptionError(f"prompt {i}: {e}") from None
+
+    @torch.no_grad()
+    def start(self, prompts: list[str], use_cfg: bool) -> StepOutput:
+        ids = torch.tensor([cap.encode(p) for p in prompts], device=self.device)  # [B, 36]
+        B = len(prompts)
+        if use_cfg:
+            ids = torch.cat([ids, torch.tensor([cap.null_caption()] * B, device=self.device)])
+        self._cfg, self._batch = use_cfg, B
+        self.gpt.setup_caches(ids.shape[0])
+        pos = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+        logits, hidden = self.gpt(ids + self.n_codes, pos)
+        return self._split(logits[:, -1:], hidden[:, -1:])
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, index: torch.Tensor) -> StepOutput:
+        pos = index + self.gpt.cfg.caption_len
+        if self._cfg:
+            tokens, pos = tokens.repeat(2, 1), pos.repeat(2, 1)
+        logits, hidden = self.gpt(tokens, pos)
+        return self._split(logits, hidden)
+
+    def _split(self, logits: torch.Tensor, hidden: torch.Tensor) -> StepOutput:
+        B = self._batch
+        if self._cfg:
+            return StepOutput(logits[:B], logits[B:], hidden[:B])
+        return StepOutput(logits, None, hidden)
+
+    def embed(self, tokens: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return self.gpt.embed(tokens, index + self.gpt.cfg.caption_len)
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.gpt.logits_from_hidden(hidden)
+
+    @torch.no_grad()
+    def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.vq.decode(tokens.view(-1, *self.grid).to(self.device)).cpu()

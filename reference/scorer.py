@@ -1,0 +1,199 @@
+"""Scene accuracy from pixels alone, in the spirit of GenEval, and the feature network for FD.
+
+A small CNN trained on the scenes domain reads an image and predicts, for each of the 9 grid cells,
+whether an object is there and its shape, colour, size and fill, plus the background kind and colour.
+Comparing those predictions with what the caption names gives:
+  - object correct: the named object is present at its position with the right shape and colour;
+  - scene correct: every named object correct, the background of the named kind, and no unnamed object;
+  - per-attribute accuracies (presence, shape, colour, size, fill, background kind and colour, extras).
+Its 256-d penultimate layer plays the role Inception plays for FID (see `fd.py`).
+
+It is trained on renders and on VQ reconstructions of renders, because generated images reach the
+scorer through the VQ decoder; it is validated on held-out renders of both kinds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from . import captions as cap
+from .scenes import BACKGROUNDS, BG_COLOURS, COLOURS, FILLS, GRID, SHAPES, SIZES, Scene, render, sample_scene
+
+HEADS = {"present": 2, "shape": len(SHAPES), "colour": len(COLOURS), "size": len(SIZES), "fill": len(FILLS)}
+N_CELLS = GRID * GRID
+DEFAULT_PATH = Path(__file__).parent / "weights" / "scorer.safetensors"
+FEATURE_DIM = 256
+
+
+class SceneNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        def block(i, o):
+            return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU())
+        self.conv = nn.Sequential(
+            nn.Conv2d(3, 32, 4, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU(),  # 32x32
+            block(32, 64), nn.MaxPool2d(2),  # 16x16
+            block(64, 96), block(96, 96), nn.MaxPool2d(2),  # 8x8
+            block(96, 128),
+        )
+        self.fc = nn.Sequential(nn.Flatten(), nn.Linear(128 * 8 * 8, FEATURE_DIM), nn.ReLU())
+        self.cell_heads = nn.ModuleDict({k: nn.Linear(FEATURE_DIM, N_CELLS * n) for k, n in HEADS.items()})
+        self.bg_kind = nn.Linear(FEATURE_DIM, len(BACKGROUNDS))
+        self.bg_colour = nn.Linear(FEATURE_DIM, len(BG_COLOURS))
+
+    @staticmethod
+    def prep(images: torch.Tensor) -> torch.Tensor:
+        """uint8 [N, 64, 64, 3] -> float [N, 3, 64, 64]."""
+        return images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(self.prep(images)))  # [N, 256]
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        f = self.features(images)
+        out = {k: h(f).view(len(f), N_CELLS, -1) for k, h in self.cell_heads.items()}  # [N, 9, n]
+        out["bg_kind"], out["bg_colour"] = self.bg_kind(f), self.bg_colour(f)
+        out["features"] = f
+        return out
+
+
+def targets(scenes: list[Scene]) -> dict[str, torch.Tensor]:
+    """Per-cell labels [N, 9] (-100 where no object: ignored by cross-entropy) and background labels [N]."""
+    t = {k: torch.full((len(scenes), N_CELLS), -100, dtype=torch.long) for k in HEADS}
+    t["present"].fill_(0)
+    for i, s in enumerate(scenes):
+        for o in s.objects:
+            t["present"][i, o.cell] = 1
+            t["shape"][i, o.cell] = SHAPES.index(o.shape)
+            t["colour"][i, o.cell] = list(COLOURS).index(o.colour)
+            t["size"][i, o.cell] = list(SIZES).index(o.size)
+            t["fill"][i, o.cell] = FILLS.index(o.fill)
+    t["bg_kind"] = torch.tensor([BACKGROUNDS.index(s.background) for s in scenes])
+    t["bg_colour"] = torch.tensor([list(BG_COLOURS).index(s.bg_colour) for s in scenes])
+    return t
+
+
+def loss_fn(out: dict, t: dict) -> torch.Tensor:
+    loss = sum(F.cross_entropy(out[k].reshape(-1, out[k].shape[-1]), t[k].reshape(-1), ignore_index=-100)
+               for k in HEADS)
+    return loss + F.cross_entropy(out["bg_kind"], t["bg_kind"]) + F.cross_entropy(out["bg_colour"], t["bg_colour"])
+
+
+def train_scorer(vq=None, steps: int = 2500, batch: int = 64, n_images: int = 24_000, seed: int = 7) -> SceneNet:
+    """Train on renders (and, given a VQ-VAE, on its reconstructions of the same renders, half the time)."""
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    scenes = [sample_scene(rng) for _ in range(n_images)]
+    images = torch.from_numpy(np.stack([render(s) for s in tqdm(scenes, desc="render", unit="img")]))
+    recon = None
+    if vq is not None:
+        with torch.no_grad():
+            recon = torch.cat([vq.decode(vq.encode(images[i:i + 500]))
+                               for i in tqdm(range(0, n_images, 500), desc="vq round-trip", unit="batch")])
+    t_all = targets(scenes)
+    net = SceneNet()
+    opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=1e-4)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps, pct_start=0.1)
+    gen = torch.Generator().manual_seed(seed)
+    bar = tqdm(range(steps), desc="scorer", unit="step")
+    for step in bar:
+        idx = torch.randint(0, n_images, (batch,), generator=gen)
+        x = images[idx]
+        if recon is not None:
+            use_recon = torch.rand(batch, generator=gen) < 0.5
+            x = torch.where(use_recon[:, None, None, None], recon[idx], x)
+        out = net(x)
+        loss = loss_fn(out, {k: v[idx] for k, v in t_all.items()})
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    return net.eval()
+
+
+def save_scorer(net: SceneNet, path: Path = DEFAULT_PATH) -> None:
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, path)
+
+
+def load_scorer(path: Path | str = DEFAULT_PATH) -> SceneNet:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no scorer weights (train them with `ssdgen train-scorer`)")
+    net = SceneNet()
+    net.load_state_dict(load_file(path), strict=True)
+    return net.eval()
+
+
+# --------------------------------------------------------------------------- scoring
+
+@dataclass
+class Judgement:
+    scene_correct: bool
+    objects_correct: list[bool]
+    attrs: dict[str, list[bool]]  # per named object: present, shape, colour, size, fill
+    background_kind: bool
+    background_colour: bool
+    extras: int  # objects found in cells the caption does not name
+
+
+@torch.no_grad()
+def predict(net: SceneNet, images: np.ndarray | torch.Tensor, batch: int = 256) -> dict[str, np.ndarray]:
+    images = torch.as_tensor(images)
+    outs = [net(images[i:i + batch]) for i in range(0, len(images), batch)]
+    pred = {k: torch.cat([o[k] for o in outs]).argmax(-1).numpy() for k in list(HEADS) + ["bg_kind", "bg_colour"]}
+    pred["features"] = torch.cat([o["features"] for o in outs]).numpy()
+    return pred
+
+
+def judge(spec: Scene, pred: dict[str, np.ndarray], i: int) -> Judgement:
+    attrs = {k: [] for k in HEADS}
+    objects_correct = []
+    for o in spec.objects:
+        c = o.cell
+        ok = {"present": pred["present"][i, c] == 1,
+              "shape": pred["shape"][i, c] == SHAPES.index(o.shape),
+              "colour": pred["colour"][i, c] == list(COLOURS).index(o.colour),
+              "size": pred["size"][i, c] == list(SIZES).index(o.size),
+              "fill": pred["fill"][i, c] == FILLS.index(o.fill)}
+        for k, v in ok.items():
+            attrs[k].append(bool(v))
+        objects_correct.append(bool(ok["present"] and ok["shape"] and ok["colour"]))
+    named = {o.cell for o in spec.objects}
+    extras = int(sum(pred["present"][i, c] == 1 for c in range(N_CELLS) if c not in named))
+    bg_kind = bool(pred["bg_kind"][i] == BACKGROUNDS.index(spec.background))
+    bg_col = bool(pred["bg_colour"][i] == list(BG_COLOURS).index(spec.bg_colour))
+    return Judgement(all(objects_correct) and bg_kind and extras == 0, objects_correct, attrs, bg_kind, bg_col, extras)
+
+
+def score(net: SceneNet, images: np.ndarray, prompts: list[str]) -> dict:
+    """Scene accuracy report for images [N, 64, 64, 3] uint8 generated for prompts."""
+    pred = predict(net, images)
+    js = [judge(cap.parse(p), pred, i) for i, p in enumerate(prompts)]
+    n_obj = np.array([len(j.objects_correct) for j in js])
+    report = {
+        "n": len(js),
+        "scene_accuracy": float(np.mean([j.scene_correct for j in js])),
+        "object_accuracy": float(np.mean([c for j in js for c in j.objects_correct])),
+        "attributes": {k: float(np.mean([v for j in js for v in j.attrs[k]])) for k in HEADS},
+        "background_kind": float(np.mean([j.background_kind for j in js])),
+        "background_colour": float(np.mean([j.background_colour for j in js])),
+        "images_with_extra_objects": float(np.mean([j.extras > 0 for j in js])),
+        "scene_accuracy_by_objects": {int(k): float(np.mean([j.scene_correct for j, m in zip(js, n_obj) if m == k]))
+                                      for k in sorted(set(n_obj.tolist()))},
+    }
+    return report
+
+
+def summary_json(report: dict) -> str:
+    return json.dumps(report, indent=1)

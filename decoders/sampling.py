@@ -82,7 +82,7 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling: probs [..., V], u [...] -> token ids [...]. Deterministic given u."""
     cdf = probs.cumsum(-1)
     cdf = cdf / cdf[..., -1:]  # guard against rounding: the last bin ends at exactly 1
-    idx = torch.searchsorted(cdf, u.unsqueeze(-1).to(cdf.dtype), right=True).squeeze(-1)
+    idx = torch.searchsorted(cdf, u.unsqueeze(-1).to(cdf.dtype).contiguous(), right=True).squeeze(-1)
     return idx.clamp_(max=probs.shape[-1] - 1)
 
 

@@ -5,6 +5,7 @@ Commit codes in `commit_map` (one per image token, raster order):
   1 COMMIT_ACCEPTED  a draft token accepted by verification
   2 COMMIT_RESAMPLED a rejected draft replaced by a sample from the residual distribution
   3 COMMIT_BONUS     the extra token sampled after a fully accepted window
+  4 COMMIT_RELAXED   a draft token accepted only thanks to CSD's relaxation (the lossless test rejected it)
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-COMMIT_AR, COMMIT_ACCEPTED, COMMIT_RESAMPLED, COMMIT_BONUS = 0, 1, 2, 3
-COMMIT_NAMES = ("ar", "accepted", "resampled", "bonus")
+COMMIT_AR, COMMIT_ACCEPTED, COMMIT_RESAMPLED, COMMIT_BONUS, COMMIT_RELAXED = 0, 1, 2, 3, 4
+COMMIT_NAMES = ("ar", "accepted", "resampled", "bonus", "relaxed")
 
 
 @dataclass

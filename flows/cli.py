@@ -48,7 +48,23 @@ def _model(model: Optional[str]):
     raise ValueError(f"unknown model {model!r}; use 'reference' or 'reference:/path/to/bundle'")
 
 
+def _params(window, init, lam, delta, entropy_norm) -> dict:
+    """The decoder parameters the user gave; the decoder's config supplies the rest and validates."""
+    given = {"window": window, "init": init, "lam": lam, "delta": delta, "entropy_norm": entropy_norm}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _check_decoder(decoder: str, params: dict) -> None:
+    from decoders import decoder_config
+    decoder_config(decoder, params)  # fail before loading anything
+
+
 CFG = typer.Option(3.0, "--cfg", help="classifier-free guidance scale (1 = off)")
+WINDOW = typer.Option(None, help="sjd/csd: tokens per forward, L (default 16)")
+INIT = typer.Option(None, help="sjd/csd: draft initialisation: random, repeat-left, repeat-above")
+LAM = typer.Option(None, "--lam", help="csd: relaxation strength λ (>= 0)")
+DELTA = typer.Option(None, "--delta", help="csd: relax only where TV(p, q) < δ, δ in [0, 1]")
+ENORM = typer.Option(None, "--entropy-norm", help="csd: entropy normaliser: support, vocab, none")
 TEMP = typer.Option(1.0, help="sampling temperature (0 = greedy)")
 TOPK = typer.Option(0, "--top-k", help="keep the k most likely tokens (0 = off)")
 TOPP = typer.Option(1.0, "--top-p", help="nucleus sampling mass (1 = off)")
@@ -70,8 +86,10 @@ def train_reference(out: Path = typer.Option(Path("reference/weights"), help="bu
 
 @app.command("train-scorer")
 @friendly
-def train_scorer(out: Path = typer.Option(None, help="scorer weights file"), steps: int = 2500,
-                 vq: Path = typer.Option(Path("reference/weights/vq.safetensors"), help="VQ-VAE weights")):
+def train_scorer(out: Path = typer.Option(None, help="scorer weights file"), steps: int = 3000,
+                 vq: Path = typer.Option(Path("reference/weights/vq.safetensors"), help="VQ-VAE weights"),
+                 device: str = typer.Option("cpu", help="torch device, e.g. cuda"), workers: int = 2,
+                 n_images: int = typer.Option(48_000, help="training renders"), batch: int = 128):
     """Train the scene-accuracy / FD feature network on renders and the reference VQ's reconstructions."""
     from safetensors.torch import load_file
     from reference.scorer import DEFAULT_PATH, save_scorer, train_scorer as run
@@ -80,9 +98,43 @@ def train_scorer(out: Path = typer.Option(None, help="scorer weights file"), ste
         raise FileNotFoundError(f"{vq}: no VQ-VAE weights (run `ssdgen train-reference` first)")
     vqm = VQVAE(VQConfig())
     vqm.load_state_dict(load_file(vq), strict=True)
-    net = run(vq=vqm.eval(), steps=steps)
+    net = run(vq=vqm.eval(), steps=steps, batch=batch, n_images=n_images, device=device, workers=workers)
     save_scorer(net, out or DEFAULT_PATH)
     typer.echo(f"wrote {out or DEFAULT_PATH}")
+
+
+@app.command("eval-scorer")
+@friendly
+def eval_scorer(n: int = 1024, json_path: Optional[Path] = typer.Option(None, "--json"),
+                scorer: Optional[Path] = typer.Option(None, help="scorer weights (default: bundled)"),
+                vq: Path = typer.Option(Path("reference/weights/vq.safetensors"), help="VQ-VAE weights")):
+    """Validate the scorer: held-out renders, their VQ reconstructions, and shuffled captions."""
+    from safetensors.torch import load_file
+    from reference.scorer import DEFAULT_PATH, load_scorer
+    from reference.validate_scorer import validate
+    from reference.vqvae import VQVAE, VQConfig
+    vqm = VQVAE(VQConfig())
+    vqm.load_state_dict(load_file(vq), strict=True)
+    res = validate(load_scorer(scorer or DEFAULT_PATH), vqm.eval(), n)
+    for k in ("renders", "reconstructions", "shuffled_captions"):
+        r = res[k]
+        typer.echo(f"{k:<18} scene {r['scene_accuracy']:.4f}  object {r['object_accuracy']:.4f}  "
+                   f"bg {r['background_kind']:.4f}  extras {r['images_with_extra_objects']:.4f}  "
+                   + "  ".join(f"{a} {v:.3f}" for a, v in r["attributes"].items()))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+
+
+@app.command("tokenizer-report")
+@friendly
+def tokenizer_report(n: int = 1024, json_path: Optional[Path] = typer.Option(None, "--json"),
+                     model: Optional[str] = MODEL):
+    """VQ reconstruction PSNR per background kind, and above/left token agreement on real renders."""
+    from reference.tokenizer_report import tokenizer_report as run
+    res = run(_model(model).vq, n)
+    typer.echo(json.dumps(res, indent=1))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
 
 
 @app.command()
@@ -90,7 +142,9 @@ def train_scorer(out: Path = typer.Option(None, help="scorer weights file"), ste
 def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for several"),
            n: int = typer.Option(4, help="images per prompt"), out: Path = typer.Option(Path("grid.png")),
            seed: int = 0, decoder: str = "ar", cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK,
-           top_p: float = TOPP, model: Optional[str] = MODEL):
+           top_p: float = TOPP, model: Optional[str] = MODEL, window: Optional[int] = WINDOW,
+           init: Optional[str] = INIT, lam: Optional[float] = LAM, delta: Optional[float] = DELTA,
+           entropy_norm: Optional[str] = ENORM):
     """Sample images for prompts and save them as one grid PNG (a row per prompt)."""
     import numpy as np
     from PIL import Image
@@ -98,15 +152,18 @@ def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for sever
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
     sc = _sampling(cfg, temperature, top_k, top_p)
+    params = _params(window, init, lam, delta, entropy_norm)
+    _check_decoder(decoder, params)
     m = _model(model)
     prompts = [p for p in prompt for _ in range(n)]
     seeds = [seed + i for i in range(len(prompts))]
-    res = decode(decoder, m, prompts, seeds, sc)
+    m.validate_prompts(prompts)
+    res = decode(decoder, m, prompts, seeds, sc, params)
     imgs = m.decode_images(res.tokens).numpy()
     rows = [np.concatenate(list(imgs[i * n:(i + 1) * n]), axis=1) for i in range(len(prompt))]
     Image.fromarray(np.concatenate(rows, axis=0)).save(out)
     fwd = np.mean([s.forwards for s in res.stats])
-    typer.echo(f"wrote {out} ({len(prompts)} images, {fwd:.0f} forwards per image)")
+    typer.echo(f"wrote {out} ({len(prompts)} images, {decoder}, {fwd:.1f} forwards per image)")
 
 
 @app.command()
@@ -135,14 +192,17 @@ def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: s
 def eval_cmd(decoder: str = "ar", n: int = 1024, batch_size: int = 64, seed: int = 0,
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
              cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK, top_p: float = TOPP,
-             model: Optional[str] = MODEL):
+             model: Optional[str] = MODEL, window: Optional[int] = WINDOW, init: Optional[str] = INIT,
+             lam: Optional[float] = LAM, delta: Optional[float] = DELTA, entropy_norm: Optional[str] = ENORM):
     """Decode the fixed eval prompts and report scene accuracy, object accuracy and FD."""
     from reference.evaluate import evaluate
+    params = _params(window, init, lam, delta, entropy_norm)
+    _check_decoder(decoder, params)
     if not 1 <= n <= 1024:
         raise ValueError(f"--n must be in 1..1024 (the eval set has 1,024 prompts), got {n}")
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-    res = evaluate(_model(model), decoder, n, batch_size, seed, _sampling(cfg, temperature, top_k, top_p))
+    res = evaluate(_model(model), decoder, n, batch_size, seed, _sampling(cfg, temperature, top_k, top_p), params)
     rep = res["scorer"]
     typer.echo(f"model {res['model']}  decoder {decoder}  n {res['n']}  batch {batch_size}  seed {seed}")
     for k in ("scene_accuracy", "object_accuracy", "fd", "fd_real_heldout", "forwards_per_image",
@@ -159,6 +219,66 @@ def eval_cmd(decoder: str = "ar", n: int = 1024, batch_size: int = 64, seed: int
                 "forwards_per_image", "seconds_per_image")
         out = {k: res[k] for k in keys} | {"fd_real_heldout": res["fd_real_heldout"], "details": res}
         json_path.write_text(json.dumps(out, indent=1))
+        typer.echo(f"wrote {json_path}")
+
+
+@app.command("figures")
+@friendly
+def figures(out: Path = typer.Option(Path("docs"), help="folder for the PNGs and JSON"), seed: int = 0,
+            cfg: float = CFG, model: Optional[str] = MODEL, csd_window: int = 16):
+    """docs/ figures: a 4x4 grid of AR samples for 16 eval prompts, and CSD's commit maps with the share
+    of relaxed acceptances that falls on background tokens."""
+    from decoders import decode
+    from reference.commit_maps import content_awareness, overlay
+    from reference.evaluate import generate
+    from reference.figures import captioned_grid
+    from reference.prompts import eval_prompts
+    m = _model(model)
+    sc = _sampling(cfg, 1.0, 0, 1.0)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = eval_prompts(16)
+    prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
+    images, _, _ = generate(m, prompts, seeds, "ar", sc, 16)
+    captioned_grid(list(images), prompts).save(out / "samples_grid.png")
+    rows = eval_prompts(256)
+    prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
+    images, stats, _ = generate(m, prompts, seeds, "csd", sc, 64, {"window": csd_window}, desc="csd")
+    maps = [s.commit_map for s in stats]
+    report = content_awareness(prompts, maps) | {"n": len(prompts), "decoder": "csd", "window": csd_window}
+    (out / "csd_content_awareness.json").write_text(json.dumps(report, indent=1))
+    pick = list(range(8))
+    captioned_grid([images[i] for i in pick], [prompts[i] for i in pick], cols=4,
+                   extra=[overlay(images[i], maps[i]) for i in pick]).save(out / "csd_commit_maps.png")
+    typer.echo(json.dumps(report, indent=1))
+
+
+@app.command("bench")
+@friendly
+def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated specs, e.g. ar,sjd:window=16,csd:lam=0.5"),
+              n: int = typer.Option(64, help="eval prompts timed per decoder and batch size"),
+              batch_sizes: str = typer.Option("1", help="comma-separated batch sizes"),
+              quality_n: int = typer.Option(1024, help="eval prompts for scene accuracy and FD (0 = skip)"),
+              json_path: Optional[Path] = typer.Option(None, "--json"), seed: int = 0,
+              cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK, top_p: float = TOPP,
+              model: Optional[str] = MODEL):
+    """Compare decoders side by side: forwards, time and quality, speedups measured in this run."""
+    from flows.bench import bench
+    specs = [s for s in decoders.split(",") if s.strip()]
+    try:
+        sizes = [int(b) for b in batch_sizes.split(",") if b.strip()]
+    except ValueError:
+        raise ValueError(f"--batch-sizes must be comma-separated integers, got {batch_sizes!r}") from None
+    if not 1 <= n <= 1024 or not 0 <= quality_n <= 1024:
+        raise ValueError(f"--n must be in 1..1024 and --quality-n in 0..1024, got {n} and {quality_n}")
+    res = bench(_model(model), specs, n, sizes, quality_n, _sampling(cfg, temperature, top_k, top_p), seed=seed,
+                log=typer.echo)
+    cols = ("decoder", "batch_size", "forwards_per_image", "tokens_per_forward", "seconds_per_image",
+            "speedup_vs_ar", "scene_accuracy", "object_accuracy", "fd")
+    typer.echo(" | ".join(cols))
+    for r in res["rows"]:
+        typer.echo(" | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
         typer.echo(f"wrote {json_path}")
 
 

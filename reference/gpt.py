@@ -66,11 +66,16 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+# Cache slots past the sequence's end: speculative windows near the last token write their unused tail
+# there, so no decoder needs a special case for the image's end. Nothing valid ever attends to them.
+SPARE_POSITIONS = 128
+
+
 def rope_tables(cfg: GPTConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape [seq_len, head_dim // 2]."""
+    """cos, sin of shape [seq_len + SPARE_POSITIONS, head_dim // 2]."""
     hd = cfg.dim // cfg.n_heads
     freqs = 1.0 / (cfg.rope_base ** (torch.arange(0, hd, 2).float() / hd))
-    ang = torch.outer(torch.arange(cfg.seq_len).float(), freqs)
+    ang = torch.outer(torch.arange(cfg.seq_len + SPARE_POSITIONS).float(), freqs)
     return ang.cos(), ang.sin()
 
 
@@ -114,7 +119,8 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             k, v = self.kv_cache.update(input_pos, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            T = mask.shape[-1]  # attend only up to the furthest position in use, not the whole cache
+            y = F.scaled_dot_product_attention(q, k[:, :, :T], v[:, :, :T], attn_mask=mask)
         return self.wo(y.transpose(1, 2).reshape(B, S, -1))
 
 
@@ -160,7 +166,8 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)
         img = pos - self.cfg.caption_len  # image-token index, negative on caption positions
         is_img = (img >= 0).unsqueeze(-1)
-        return x + torch.where(is_img, self.img_pos[img.clamp(min=0)], torch.zeros_like(x))
+        img_pos = self.img_pos[img.clamp(0, self.cfg.n_image_tokens - 1)]  # spare slots reuse the last
+        return x + torch.where(is_img, img_pos, torch.zeros_like(x))
 
     def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
         """The model's own final norm + head: pre-norm hidden [..., dim] -> image-code logits [..., 1024]."""
@@ -175,12 +182,12 @@ class GPT(nn.Module):
         B, S = idx.shape
         if input_pos is None:
             pos = torch.arange(S, device=idx.device).expand(B, S)
-            cos, sin, mask = self.rope_cos[:S], self.rope_sin[:S], None
+            cos, sin, mask = self.rope_cos[:S], self.rope_sin[:S], None  # [S, hd/2]
         else:
             pos = input_pos
             cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)  # [B,1,S,hd/2]
-            T = self.layers[0].attn.kv_cache.k.shape[2]
-            mask = (torch.arange(T, device=idx.device)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
+            T = int(pos.max()) + 1  # slots past every query's position are masked anyway
+            mask = (torch.arange(T, device=idx.device)[None, None, :] <= pos[:, :, None]).unsqueeze(1)  # [B,1,S,T]
         x = self.embed(idx, pos)
         for blk in self.layers:
             x = blk(x, cos, sin, input_pos, mask)
@@ -193,7 +200,7 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ caches
     def setup_caches(self, batch: int, max_len: int | None = None) -> None:
-        max_len = max_len or self.cfg.seq_len
+        max_len = max_len or self.cfg.seq_len + SPARE_POSITIONS
         p = next(self.parameters())
         for blk in self.layers:
             blk.attn.kv_cache = KVCache(batch, self.cfg.n_heads, max_len, self.cfg.dim // self.cfg.n_heads,

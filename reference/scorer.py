@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from . import captions as cap
-from .scenes import BACKGROUNDS, BG_COLOURS, COLOURS, FILLS, GRID, SHAPES, SIZES, Scene, render, sample_scene
+from .scenes import BACKGROUNDS, BG_COLOURS, COLOURS, FILLS, GRID, SHAPES, SIZES, Scene
 
 HEADS = {"present": 2, "shape": len(SHAPES), "colour": len(COLOURS), "size": len(SIZES), "fill": len(FILLS)}
 N_CELLS = GRID * GRID
@@ -88,19 +88,22 @@ def loss_fn(out: dict, t: dict) -> torch.Tensor:
     return loss + F.cross_entropy(out["bg_kind"], t["bg_kind"]) + F.cross_entropy(out["bg_colour"], t["bg_colour"])
 
 
-def train_scorer(vq=None, steps: int = 2500, batch: int = 64, n_images: int = 24_000, seed: int = 7) -> SceneNet:
-    """Train on renders (and, given a VQ-VAE, on its reconstructions of the same renders, half the time)."""
-    rng = np.random.default_rng(seed)
+def train_scorer(vq=None, steps: int = 3000, batch: int = 128, n_images: int = 48_000, seed: int = 7,
+                 device: str = "cpu", workers: int = 2) -> SceneNet:
+    """Train on renders (and, given a VQ-VAE, on its reconstructions of the same renders, half the time).
+    Training captions exclude the eval set, like the AR model's."""
+    from .train import build_dataset  # the same held-out rendering as the AR model's training set
     torch.manual_seed(seed)
-    scenes = [sample_scene(rng) for _ in range(n_images)]
-    images = torch.from_numpy(np.stack([render(s) for s in tqdm(scenes, desc="render", unit="img")]))
+    images, _, caps = build_dataset(n_images, seed, workers)
+    images = torch.from_numpy(images)
+    t_all = targets([cap.parse(c) for c in caps])
     recon = None
     if vq is not None:
+        vq = vq.to(device)
         with torch.no_grad():
-            recon = torch.cat([vq.decode(vq.encode(images[i:i + 500]))
-                               for i in tqdm(range(0, n_images, 500), desc="vq round-trip", unit="batch")])
-    t_all = targets(scenes)
-    net = SceneNet()
+            recon = torch.cat([vq.decode(vq.encode(images[i:i + 1000].to(device))).cpu()
+                               for i in tqdm(range(0, n_images, 1000), desc="vq round-trip", unit="batch")])
+    net = SceneNet().to(device)
     opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps, pct_start=0.1)
     gen = torch.Generator().manual_seed(seed)
@@ -111,15 +114,15 @@ def train_scorer(vq=None, steps: int = 2500, batch: int = 64, n_images: int = 24
         if recon is not None:
             use_recon = torch.rand(batch, generator=gen) < 0.5
             x = torch.where(use_recon[:, None, None, None], recon[idx], x)
-        out = net(x)
-        loss = loss_fn(out, {k: v[idx] for k, v in t_all.items()})
+        out = net(x.to(device))
+        loss = loss_fn(out, {k: v[idx].to(device) for k, v in t_all.items()})
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         sched.step()
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
-    return net.eval()
+    return net.cpu().eval()
 
 
 def save_scorer(net: SceneNet, path: Path = DEFAULT_PATH) -> None:

@@ -111,7 +111,7 @@ def train_vq(images: np.ndarray, masks: np.ndarray, tc: TrainConfig) -> VQVAE:
 
 
 @torch.no_grad()
-def tokenize(vq: VQVAE, images: np.ndarray, batch: int = 500) -> np.ndarray:
+def tokenize(vq: VQVAE, images: np.ndarray, batch: int = 128) -> np.ndarray:
     out = [vq.encode(torch.from_numpy(images[i:i + batch])).to(torch.int16).numpy()
            for i in tqdm(range(0, len(images), batch), desc="tokenize", unit="batch")]
     return np.concatenate(out)  # [N, 16, 16]

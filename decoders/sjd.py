@@ -1,0 +1,162 @@
+"""Speculative Jacobi decoding (SJD), and CSD on top of it, with per-sample ragged progress.
+
+One iteration, per sample b with n_b tokens committed (see ../shared/docs/ALGORITHMS.md §1):
+  1. window = [last committed token] + K = L - 1 drafts for indices n_b .. n_b + K - 1;
+  2. one forward over the window gives q for each draft and for the bonus position;
+  3. `verify` accepts a prefix of the drafts and draws the resampled or bonus token after it;
+  4. commit; the target's own samples at the positions after the commit point (Jacobi updates) become
+     the next drafts, with their q as draft distribution; the window is topped up with fresh drafts
+     (random: uniform token, one-hot p; repeat-left / repeat-above: the neighbouring token, one-hot p).
+Each sample advances by its own accepted length: no minimum over the batch. The KV cache is
+position-indexed, so a sample's rollback is just its next window starting at its own n_b.
+Randomness is drawn per sample, only while the sample is still decoding, so a sample's tokens do not
+depend on its batch-mates.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .protocol import ImageTokenModel
+from .sampling import SamplingConfig, make_generators, processed_probs, sample_from, uniforms
+from .stats import (COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult,
+                    SampleStats)
+from .verify import Relaxation, entropy, verify
+
+INITS = ("random", "repeat-left", "repeat-above")
+
+
+@dataclass(frozen=True)
+class SJDConfig:
+    window: int = 16  # L: tokens per forward (the last committed token + L - 1 drafts)
+    init: str = "random"
+    relax: Relaxation = Relaxation()  # lam = 0: lossless SJD; lam > 0: CSD
+
+    def __post_init__(self):
+        if not isinstance(self.window, int) or not 2 <= self.window <= 64:
+            raise ValueError(f"window must be an integer in [2, 64], got {self.window}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+
+
+def _fresh_drafts(buf: torch.Tensor, start: torch.Tensor, first_new: torch.Tensor, K: int, cols: int,
+                  init: str, u: torch.Tensor, V: int) -> torch.Tensor:
+    """Fill window slots i >= first_new[b] of sample b (index start[b] + i) in place in buf [B, N + K]."""
+    B = buf.shape[0]
+    rows = torch.arange(B)
+    for i in range(K):
+        idx = start + i  # [B]
+        fill = (i >= first_new)
+        if not fill.any():
+            continue
+        rand = (u[:, i] * V).long().clamp_(max=V - 1)
+        if init == "random":
+            tok = rand
+        elif init == "repeat-left":
+            tok = torch.where(idx >= 1, buf[rows, (idx - 1).clamp(min=0)], rand)
+        else:  # repeat-above
+            tok = torch.where(idx >= cols, buf[rows, (idx - cols).clamp(min=0)], rand)
+        buf[rows, idx] = torch.where(fill, tok, buf[rows, idx])
+    return buf
+
+
+@torch.no_grad()
+def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
+               cfg: SJDConfig = SJDConfig()) -> DecodeResult:
+    if len(prompts) != len(seeds):
+        raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
+    if sc.greedy and cfg.relax.active:
+        raise ValueError("CSD's relaxation (lam > 0) needs sampling; with temperature 0 use lam = 0")
+    model.validate_prompts(prompts)
+    t0 = time.perf_counter()
+    gens = make_generators(seeds)
+    B, (rows_, cols) = len(prompts), model.grid
+    N, K, V = rows_ * cols, cfg.window - 1, model.n_codes
+    ar = torch.arange(B)
+
+    buf = torch.zeros(B, N + K + 1, dtype=torch.long)  # committed tokens, then the current drafts
+    p_draft = torch.zeros(B, K, V)  # draft distribution of each window slot
+    commit = torch.full((B, N + K + 1), COMMIT_AR, dtype=torch.int8)
+    ent_sum = torch.zeros(B)
+    forwards = torch.ones(B, dtype=torch.long)  # the prefill forward samples token 0
+    hist = torch.zeros(B, K + 2, dtype=torch.long)  # hist[b, m]: forwards that committed m tokens
+    hist[:, 1] = 1
+    n_drafted, n_accepted, n_relaxed = (torch.zeros(B, dtype=torch.long) for _ in range(3))
+    slots = torch.arange(K + 1)
+
+    out = model.start(prompts, sc.uses_cfg)
+    q0 = processed_probs(out.cond[:, -1], None if out.uncond is None else out.uncond[:, -1], sc)  # [B, V]
+    buf[:, 0] = sample_from(q0, uniforms(gens, device=q0.device))
+    ent_sum += entropy(q0)
+    n = torch.ones(B, dtype=torch.long)  # tokens committed per sample
+    carried = torch.zeros(B, dtype=torch.long)  # how many leading window slots hold carried-over drafts
+    u_init = torch.stack([uniforms([g], K)[0] for g in gens])
+    buf = _fresh_drafts(buf, n, carried, K, cols, cfg.init, u_init, V)
+    p_draft.zero_().scatter_(2, buf[ar[:, None], n[:, None] + torch.arange(K)].unsqueeze(-1), 1.0)
+
+    while (n < N).any():
+        active = n < N
+        act = active.nonzero().squeeze(1).tolist()  # who draws randomness this forward
+        idx = (n - 1)[:, None] + torch.arange(K + 1)  # [B, K+1] window indices, may run past N
+        tokens = buf[ar[:, None], idx]
+        out = model.step(tokens, idx)
+        q = processed_probs(out.cond, out.uncond, sc)  # [B, K+1, V]
+        # per-sample randomness, only for samples still decoding: accept K, resample 1, Jacobi K+1, init K
+        u = torch.zeros(B, 3 * K + 2)
+        u[act] = uniforms([gens[b] for b in act], 3 * K + 2)
+        u_acc, u_res, u_jac, u_init = u[:, :K], u[:, K], u[:, K + 1:2 * K + 2], u[:, 2 * K + 2:]
+        drafts = tokens[:, 1:]  # [B, K]
+        n_valid = (N - n).clamp(max=K)
+        v = verify(drafts, p_draft, q, n_valid, u_acc, u_res, cfg.relax)
+        jacobi = sample_from(q, u_jac)  # [B, K+1] the target's own sample at every window position
+        # ---- statistics, vectorised over the batch
+        n_acc = torch.where(active, v.n_accepted, 0)
+        m = torch.where(active, torch.minimum(n_acc + 1, N - n), 0)  # tokens committed this forward
+        pos = n[:, None] + slots  # [B, K+1] indices covered by this window
+        relaxed = torch.cat([v.relaxed, torch.zeros_like(v.relaxed[:, :1])], 1)  # [B, K+1]
+        kind = torch.where(relaxed, COMMIT_RELAXED, COMMIT_ACCEPTED).to(torch.int8)
+        commit[ar[:, None], pos] = torch.where(slots < n_acc[:, None], kind, commit[ar[:, None], pos])
+        last = torch.where(n_acc < n_valid, COMMIT_RESAMPLED, COMMIT_BONUS).to(torch.int8)
+        at = (n + n_acc).clamp(max=N + K)
+        commit[ar, at] = torch.where(n_acc < m, last, commit[ar, at])
+        ent_sum += (entropy(q) * (slots < m[:, None])).sum(1)
+        forwards += active.long()
+        hist[ar, m] += active.long()
+        n_drafted += torch.where(active, torch.minimum(n_acc + 1, n_valid), 0)
+        n_accepted += n_acc
+        n_relaxed += (v.relaxed & active[:, None]).sum(1)
+        # ---- commit: accepted drafts are already in buf; write the resampled / bonus token
+        pos_next = (n + n_acc).clamp(max=N + K)
+        buf[ar, pos_next] = torch.where(active, v.next_token, buf[ar, pos_next])
+        new_n = torch.where(active, (n + n_acc + 1).clamp(max=N), n)
+        # ---- next window: carry the Jacobi samples after the commit point, top up with fresh drafts
+        shift = n_acc + 1  # window slot j of the next window is slot j + shift of this q / jacobi
+        src = (torch.arange(K)[None, :] + shift[:, None]).clamp(max=K)  # [B, K]
+        carry_ok = (torch.arange(K)[None, :] + shift[:, None]) <= K
+        carried = carry_ok.sum(1)
+        widx = new_n[:, None] + torch.arange(K)  # [B, K] indices of the next drafts
+        new_tok = torch.where(carry_ok, jacobi.gather(1, src), 0)
+        buf[ar[:, None], widx] = torch.where(active[:, None], new_tok, buf[ar[:, None], widx])
+        buf = _fresh_drafts(buf, new_n, torch.where(active, carried, K), K, cols, cfg.init, u_init, V)
+        q_src = q.gather(1, src.unsqueeze(-1).expand(B, K, V))
+        onehot = torch.zeros_like(p_draft).scatter_(2, buf[ar[:, None], widx].unsqueeze(-1), 1.0)
+        p_draft = torch.where(active[:, None, None], torch.where(carry_ok[..., None], q_src, onehot), p_draft)
+        n = new_n
+
+    elapsed = time.perf_counter() - t0
+    stats = []
+    commit = commit[:, :N].numpy()
+    for b in range(B):
+        h = hist[b].tolist()
+        while len(h) > 2 and h[-1] == 0:
+            h.pop()
+        stats.append(SampleStats(
+            forwards=int(forwards[b]), tokens_per_forward_hist=h,
+            acceptance_rate=float(n_accepted[b] / n_drafted[b]) if n_drafted[b] else float("nan"),
+            commit_map=commit[b].reshape(rows_, cols), mean_entropy=float(ent_sum[b] / N),
+            relaxed=int(n_relaxed[b]), seconds=elapsed / B,
+            extra={"window": cfg.window, "init": cfg.init, "lam": cfg.relax.lam, "delta": cfg.relax.delta}))
+    return DecodeResult(buf[:, :N].clone(), stats)

@@ -1,0 +1,109 @@
+"""Speculative verification as pure tensor functions: no model, cache or I/O inside.
+
+Glossary (SJD's and HF's naming; gpt-fast calls the draft p too):
+  p         the draft distribution a draft token was sampled from (one-hot for deterministic drafts)
+  q         the target distribution: the model's processed distribution at that position, this forward
+  accepted  a draft token kept by the acceptance test
+  resampled the token at the first rejection, drawn from the residual norm(max(0, q - p)) (q if empty)
+  bonus     the token after a fully accepted window, drawn from q at the window's end
+
+Standard (lossless) acceptance: accept x with probability min(1, q(x) / p(x)).
+CSD acceptance: where the draft and target distributions agree, TV(p, q) < delta, accept with probability
+min(1, q(x) / p(x) + lam * H(q) / norm), and by the standard rule elsewhere. H is the entropy of q in nats;
+`entropy_norm` says what it is divided by, so that lam * H / norm lies in [0, lam]:
+  "support"  log of the number of tokens q gives mass to (after top-k / top-p), at least log 2;
+  "vocab"    log V;
+  "none"     1 (raw nats).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import sample_from
+
+ENTROPY_NORMS = ("support", "vocab", "none")
+
+
+@dataclass(frozen=True)
+class Relaxation:
+    """CSD's content-aware relaxation. lam = 0 is the standard, lossless rule."""
+
+    lam: float = 0.0
+    delta: float = 0.0
+    entropy_norm: str = "support"
+
+    def __post_init__(self):
+        if not math.isfinite(self.lam) or self.lam < 0:
+            raise ValueError(f"lam (λ) must be >= 0, got {self.lam}")
+        if not 0 <= self.delta <= 1:
+            raise ValueError(f"delta (δ) must be in [0, 1], got {self.delta}")
+        if self.entropy_norm not in ENTROPY_NORMS:
+            raise ValueError(f"entropy_norm must be one of {ENTROPY_NORMS}, got {self.entropy_norm!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.lam > 0 and self.delta > 0
+
+
+@dataclass
+class Verdict:
+    n_accepted: torch.Tensor  # [B] leading drafts accepted
+    next_token: torch.Tensor  # [B] resampled token at the first rejection, or the bonus token
+    accepted: torch.Tensor  # [B, K] bool, the accepted prefix
+    relaxed: torch.Tensor  # [B, K] bool, accepted only thanks to the relaxation
+    tv: torch.Tensor  # [B, K] total variation between p and q at each draft
+
+
+def entropy(q: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats over the last dim."""
+    return -(q * q.clamp_min(1e-30).log()).sum(-1)
+
+
+def normalised_entropy(q: torch.Tensor, how: str) -> torch.Tensor:
+    h = entropy(q)
+    if how == "none":
+        return h
+    if how == "vocab":
+        return h / math.log(q.shape[-1])
+    support = (q > 0).sum(-1).clamp_min(2).to(q.dtype)
+    return h / support.log()
+
+
+def verify(draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, n_valid: torch.Tensor,
+           u_accept: torch.Tensor, u_resample: torch.Tensor, relax: Relaxation = Relaxation()) -> Verdict:
+    """Verify K drafts per sample, left to right, vectorised over batch and window.
+
+    draft [B, K] draft tokens; p [B, K, V] their draft distributions; q [B, K + 1, V] target distributions
+    (q[:, j] for draft j, q[:, K] for the bonus); n_valid [B] how many drafts each sample may commit (the
+    rest lie past the image's end); u_accept [B, K], u_resample [B] uniforms from each sample's generator.
+    """
+    B, K = draft.shape
+    qd = q[:, :K]  # [B, K, V]
+    qx = qd.gather(-1, draft.unsqueeze(-1)).squeeze(-1)  # [B, K]
+    px = p.gather(-1, draft.unsqueeze(-1)).squeeze(-1)  # [B, K]
+    ratio = qx / px.clamp_min(1e-30)
+    standard = u_accept < ratio.clamp(max=1.0)
+    tv = 0.5 * (p - qd).abs().sum(-1)  # [B, K]
+    if relax.active:
+        bonus = relax.lam * normalised_entropy(qd, relax.entropy_norm)
+        relaxed_ok = (tv < relax.delta) & (u_accept < (ratio + bonus).clamp(max=1.0))
+        ok = standard | relaxed_ok
+    else:
+        relaxed_ok = torch.zeros_like(standard)
+        ok = standard
+    valid = torch.arange(K, device=draft.device)[None, :] < n_valid[:, None]
+    prefix = (ok & valid).long().cumprod(1).bool()  # [B, K] accepted prefix
+    n_acc = prefix.sum(1)  # [B]
+    # the next token: residual at the first rejection, or the bonus from q at n_acc (p is 0 there)
+    p_pad = torch.cat([p, torch.zeros_like(p[:, :1])], dim=1)  # [B, K + 1, V]
+    at = n_acc.view(B, 1, 1).expand(B, 1, q.shape[-1])
+    q_at, p_at = q.gather(1, at).squeeze(1), p_pad.gather(1, at).squeeze(1)  # [B, V]
+    rejected = n_acc < n_valid
+    resid = torch.where(rejected[:, None], (q_at - p_at).clamp_min(0), q_at)
+    mass = resid.sum(-1, keepdim=True)
+    resid = torch.where(mass > 0, resid / mass.clamp_min(1e-30), q_at)
+    return Verdict(n_acc, sample_from(resid, u_resample), prefix, prefix & relaxed_ok & ~standard, tv)

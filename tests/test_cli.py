@@ -1,0 +1,36 @@
+"""The CLI turns bad input into one clear error line and exit code 2, never a stack trace."""
+
+import subprocess
+import sys
+
+import pytest
+
+GOOD = "a large red circle at the center on a flat gray background"
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["sample", "--prompt", ""], "empty caption"),
+    (["sample", "--prompt", "a large magenta circle at the center on a flat gray background"], "unknown words"),
+    (["sample", "--prompt", " ".join([GOOD] * 4)], "at most 36"),
+    (["sample", "--prompt", GOOD, "--decoder", "nope"], "unknown decoder 'nope'"),
+    (["sample", "--prompt", GOOD, "--top-k", "-3"], "top_k"),
+    (["sample", "--prompt", GOOD, "--model", "reference:/nonexistent"], "not a model bundle"),
+    (["eval", "--n", "0"], "--n must be in 1..1024"),
+])
+def test_bad_input_gets_a_clear_error(args, message, tmp_path):
+    r = run(*args, *([] if args[0] != "sample" else ["--out", str(tmp_path / "x.png")]))
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_sample_writes_a_grid(tmp_path):
+    from PIL import Image
+    out = tmp_path / "grid.png"
+    r = run("sample", "--prompt", GOOD, "--n", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert Image.open(out).size == (128, 64)

@@ -1,0 +1,175 @@
+"""Decoders on a tiny random model: exact (greedy equality), statistical (distribution), and unit tests.
+
+Statistical test: 3,000 samples of one prompt from `ar` and 3,000 from the decoder under test, with
+independent seeds; at each of 4 chosen token positions a chi-square test of homogeneity on the 8-way
+token counts; the decoder fails if any p-value is below 0.001 / 4 (Bonferroni). A lossless decoder then
+fails by chance with probability < 0.001. Power: see `test_statistical_test_has_power` (a gross and a
+subtle broken acceptance rule must both be caught).
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2_contingency
+
+import decoders.sjd as sjd_mod
+from decoders import decode, decoder_config
+from decoders.sampling import SamplingConfig, sample_from
+from decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
+from decoders.verify import Relaxation, verify
+from tiny import tiny_model
+
+PROMPTS = ["a large red circle at the center on a flat gray background",
+           "a small blue square at the top left on a wavy beige background",
+           "a large shaded green triangle at the bottom right on a cloudy slate background",
+           "a small dotted yellow diamond at the top middle on a striped brown background"]
+GREEDY = SamplingConfig(temperature=0)
+SAMPLED = SamplingConfig(cfg_scale=3.0)
+POSITIONS = (3, 6, 9, 15)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("tiny"), scale=0.2)
+
+
+# ------------------------------------------------------------------ exact tier
+
+@pytest.mark.parametrize("name, params", [
+    ("sjd", {"window": 4}), ("sjd", {"window": 6, "init": "repeat-left"}),
+    ("sjd", {"window": 16, "init": "repeat-above"}), ("csd", {"window": 6, "lam": 0.0}),
+])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_equals_ar(tiny, name, params, batch):
+    prompts, seeds = PROMPTS[:batch], list(range(batch))
+    ar = decode("ar", tiny, prompts, seeds, GREEDY)
+    spec = decode(name, tiny, prompts, seeds, GREEDY, params)
+    assert torch.equal(ar.tokens, spec.tokens)
+    assert all(s.forwards < 16 for s in spec.stats) or params["window"] <= 4
+
+
+def test_batch_gives_each_sample_its_batch_one_tokens(tiny):
+    prompts, seeds = PROMPTS * 2, list(range(10, 18))
+    batched = decode("sjd", tiny, prompts, seeds, SAMPLED, {"window": 6})
+    for b in range(8):
+        alone = decode("sjd", tiny, prompts[b:b + 1], seeds[b:b + 1], SAMPLED, {"window": 6})
+        assert torch.equal(alone.tokens[0], batched.tokens[b])
+
+
+# ------------------------------------------------------------------ statistical tier
+
+def _sample(model, name, params, n=3000, offset=0):
+    toks = [decode(name, model, PROMPTS[:1] * 500, list(range(offset + i, offset + i + 500)), SAMPLED, params).tokens
+            for i in range(0, n, 500)]
+    return torch.cat(toks).numpy()
+
+
+def _same_distribution(a: np.ndarray, b: np.ndarray, codes: int = 8) -> float:
+    """Smallest chi-square homogeneity p-value over POSITIONS."""
+    ps = []
+    for pos in POSITIONS:
+        table = np.stack([np.bincount(a[:, pos], minlength=codes), np.bincount(b[:, pos], minlength=codes)])
+        table = table[:, table.sum(0) > 0]
+        ps.append(chi2_contingency(table)[1])
+    return min(ps)
+
+
+@pytest.fixture(scope="module")
+def ar_samples(tiny):
+    return _sample(tiny, "ar", {}, offset=0)
+
+
+@pytest.mark.parametrize("params", [{"window": 6}, {"window": 6, "init": "repeat-above"}])
+def test_sjd_samples_the_ar_distribution(tiny, ar_samples, params):
+    spec = _sample(tiny, "sjd", params, offset=1_000_000)
+    assert _same_distribution(ar_samples, spec) > 0.001 / len(POSITIONS)
+
+
+def _always_accept(draft, p, q, n_valid, u_accept, u_resample, relax=Relaxation()):
+    return verify(draft, p, q, n_valid, torch.zeros_like(u_accept) - 1, u_resample, relax)  # u < 0 accepts all
+
+
+def _resample_from_q(draft, p, q, n_valid, u_accept, u_resample, relax=Relaxation()):
+    # a classic bug: the right acceptance test, but on rejection sample from q instead of max(0, q - p)
+    v = verify(draft, p, q, n_valid, u_accept, u_resample, relax)
+    at = v.n_accepted.view(-1, 1, 1).expand(-1, 1, q.shape[-1])
+    v.next_token = sample_from(q.gather(1, at).squeeze(1), u_resample)
+    return v
+
+
+@pytest.mark.parametrize("broken", [_always_accept, _resample_from_q])
+def test_statistical_test_has_power(tiny, ar_samples, monkeypatch, broken):
+    monkeypatch.setattr(sjd_mod, "verify", broken)
+    spec = _sample(tiny, "sjd", {"window": 6}, offset=1_000_000)
+    assert _same_distribution(ar_samples, spec) < 0.001 / len(POSITIONS)
+
+
+# ------------------------------------------------------------------ unit tier: pure verification
+
+def _onehot(i, v=4):
+    return torch.nn.functional.one_hot(torch.tensor(i), v).float()
+
+
+def test_verify_perfect_match_takes_bonus():
+    q = torch.stack([_onehot(1), _onehot(2), _onehot(3)])[None]  # [1, 3, 4]
+    draft = torch.tensor([[1, 2]])
+    v = verify(draft, q[:, :2], q, torch.tensor([2]), torch.rand(1, 2), torch.tensor([0.5]))
+    assert v.n_accepted.item() == 2 and v.next_token.item() == 3
+
+
+def test_verify_early_mismatch_resamples_from_residual():
+    q = torch.tensor([[[0.0, 0.5, 0.5, 0.0], [1, 0, 0, 0], [1, 0, 0, 0]]])
+    draft = torch.tensor([[0, 0]])  # q gives draft 0 no mass at slot 0
+    v = verify(draft, _onehot(0)[None, None].expand(1, 2, 4), q, torch.tensor([2]), torch.zeros(1, 2),
+               torch.tensor([0.9]))
+    assert v.n_accepted.item() == 0 and v.next_token.item() == 2
+    # residual max(0, q - p) with p = q is empty: fall back to q
+    p = q[:, :2]
+    v = verify(torch.tensor([[1, 0]]), p, q, torch.tensor([2]), torch.tensor([[0.99, 0.0]]), torch.tensor([0.2]))
+    assert v.n_accepted.item() == 2  # q(x)/p(x) = 1 always accepts
+
+
+def test_verify_respects_n_valid():
+    q = _onehot(1).expand(1, 4, 4).clone()
+    v = verify(torch.tensor([[1, 1, 1]]), q[:, :3], q, torch.tensor([1]), torch.zeros(1, 3), torch.zeros(1))
+    assert v.n_accepted.item() == 1
+
+
+def test_csd_relaxes_only_where_draft_and_target_agree():
+    q = torch.tensor([[[0.3, 0.3, 0.2, 0.2], [0.25] * 4]])
+    p_close = torch.tensor([[[0.5, 0.2, 0.15, 0.15]]])  # TV 0.2
+    u = torch.tensor([[0.8]])  # standard rule: q/p = 0.6 < 0.8 rejects
+    draft = torch.tensor([[0]])
+    std = verify(draft, p_close, q, torch.tensor([1]), u, torch.zeros(1))
+    assert std.n_accepted.item() == 0
+    relax = Relaxation(lam=0.5, delta=0.3)  # H / log 4 = 0.985 -> 0.6 + 0.49 > 0.8 accepts
+    r = verify(draft, p_close, q, torch.tensor([1]), u, torch.zeros(1), relax)
+    assert r.n_accepted.item() == 1 and r.relaxed.sum().item() == 1
+    far = verify(draft, _onehot(0)[None, None], q, torch.tensor([1]), u, torch.zeros(1), relax)  # TV 0.7
+    assert far.n_accepted.item() == 0
+
+
+@pytest.mark.parametrize("params, name", [
+    ({"lam": -0.1}, "lam"), ({"delta": 1.5}, "delta"), ({"window": 1}, "window"),
+    ({"entropy_norm": "bits"}, "entropy_norm"), ({"init": "diagonal"}, "init"), ({"gamma": 1}, "gamma"),
+])
+def test_bad_decoder_parameters_are_named(params, name):
+    with pytest.raises(ValueError, match=name):
+        decoder_config("csd", params)
+
+
+def test_unknown_decoder_is_named():
+    with pytest.raises(ValueError, match="unknown decoder 'medusa'"):
+        decoder_config("medusa")
+
+
+def test_stats_commit_map_accounts_for_every_token(tiny):
+    res = decode("sjd", tiny, PROMPTS[:2], [0, 1], SAMPLED, {"window": 6})
+    for s in res.stats:
+        cm = s.commit_map
+        assert cm.shape == (4, 4) and cm[0, 0] == COMMIT_AR
+        assert set(np.unique(cm)) <= {COMMIT_AR, COMMIT_ACCEPTED, COMMIT_RESAMPLED, COMMIT_BONUS, COMMIT_RELAXED}
+        assert sum(k * c for k, c in enumerate(s.tokens_per_forward_hist)) == 16
+        assert sum(s.tokens_per_forward_hist) == s.forwards

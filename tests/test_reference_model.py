@@ -1,0 +1,57 @@
+"""The trained reference model and scorer: what the shipped weights must do. Marked slow: they decode
+or score hundreds of images with the real model."""
+
+import numpy as np
+import pytest
+import torch
+
+from decoders import decode
+from decoders.sampling import SamplingConfig
+from reference.prompts import eval_prompts
+
+pytestmark = pytest.mark.slow
+
+
+def test_same_seed_same_image_in_a_batch_of_8_as_alone(ref_model):
+    rows = eval_prompts(8)
+    prompts, seeds = [r["prompt"] for r in rows], [100 + r["seed"] for r in rows]
+    sc = SamplingConfig(cfg_scale=3.0)
+    batched = decode("ar", ref_model, prompts, seeds, sc).tokens
+    alone = torch.cat([decode("ar", ref_model, prompts[i:i + 1], seeds[i:i + 1], sc).tokens for i in range(8)])
+    assert torch.equal(batched, alone)
+
+
+@pytest.mark.parametrize("name, params", [("sjd", {"window": 16}), ("csd", {"window": 16, "lam": 0.0})])
+def test_greedy_speculative_equals_greedy_ar_on_the_reference_model(ref_model, name, params):
+    rows = eval_prompts(4)
+    prompts, seeds = [r["prompt"] for r in rows], [0, 1, 2, 3]
+    g = SamplingConfig(cfg_scale=3.0, temperature=0)
+    ar = decode("ar", ref_model, prompts, seeds, g)
+    spec = decode(name, ref_model, prompts, seeds, g, params)
+    assert torch.equal(ar.tokens, spec.tokens)
+    one = decode(name, ref_model, prompts[:1], seeds[:1], g, params)
+    assert torch.equal(ar.tokens[:1], one.tokens)
+
+
+def test_scorer_is_trustworthy(ref_model):
+    from reference.scorer import load_scorer
+    from reference.validate_scorer import validate
+    res = validate(load_scorer(), ref_model.vq, n=512, seed=3)
+    assert res["renders"]["scene_accuracy"] >= 0.98
+    assert res["reconstructions"]["scene_accuracy"] >= 0.95
+    assert res["shuffled_captions"]["scene_accuracy"] <= 0.05
+
+
+def test_fd_is_deterministic_and_separates_real_from_shuffled():
+    from reference.evaluate import real_images
+    from reference.fd import frechet_distance
+    from reference.scorer import load_scorer, predict
+    rows = eval_prompts(300)
+    prompts = [r["prompt"] for r in rows]
+    net = load_scorer()
+    a = predict(net, real_images(prompts, [r["seed"] for r in rows]))["features"]
+    b = predict(net, real_images(prompts, [r["seed"] + 7 for r in rows]))["features"]
+    noise = np.random.default_rng(0).integers(0, 256, (300, 64, 64, 3), dtype=np.uint8)
+    c = predict(net, noise)["features"]
+    assert frechet_distance(a, b) == frechet_distance(a, b)
+    assert frechet_distance(a, b) * 5 < frechet_distance(a, c)

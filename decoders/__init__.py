@@ -3,7 +3,7 @@
 `decode(name, model, prompts, seeds, sampling, params)` runs the named decoder on any model that
 implements `protocol.ImageTokenModel`. `params` is a flat dict of the decoder's own parameters (as a CLI
 or a config file gives them); `decoder_config` parses it into the decoder's typed config and rejects
-unknown keys.
+unknown keys. SSD decoders also take `heads`: a path to trained heads (default: the model's own).
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ from .ar import decode_ar
 from .protocol import ImageTokenModel
 from .sampling import SamplingConfig
 from .sjd import SJDConfig, decode_sjd
+from .ssd import SSDConfig, decode_ssd
+from .ssd_heads import SpatialHeads
 from .stats import DecodeResult
 from .verify import Relaxation
 
 CSD_DEFAULTS = {"lam": 0.5, "delta": 0.5}  # chosen on a validation slice, see README (Benchmarks)
-DECODER_NAMES = ("ar", "sjd", "csd")
+DECODER_NAMES = ("ar", "sjd", "csd", "ssd", "ssd+csd")
+_RELAX = {f.name for f in fields(Relaxation)}
 
 
 def decoder_config(name: str, params: dict | None = None):
@@ -26,21 +29,31 @@ def decoder_config(name: str, params: dict | None = None):
     params = dict(params or {})
     if name not in DECODER_NAMES:
         raise ValueError(f"unknown decoder {name!r}; choose one of: {', '.join(DECODER_NAMES)}")
-    if name == "ar":
-        allowed = set()
-    else:
-        allowed = {f.name for f in fields(SJDConfig)} - {"relax"}
-        if name == "csd":
-            allowed |= {f.name for f in fields(Relaxation)}
+    base = {"ar": set(), "sjd": {f.name for f in fields(SJDConfig)} - {"relax"},
+            "ssd": ({f.name for f in fields(SSDConfig)} - {"relax"}) | {"heads"}}
+    allowed = base[name.split("+")[0] if name != "csd" else "sjd"] | (_RELAX if name.endswith("csd") else set())
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise ValueError(f"decoder {name!r} has no parameter(s) {unknown}; it takes {sorted(allowed) or 'none'}")
     if name == "ar":
         return None
-    relax = Relaxation(**(CSD_DEFAULTS | {k: params.pop(k) for k in list(params)
-                                          if k in {"lam", "delta", "entropy_norm"}})) if name == "csd" \
-        else Relaxation()
+    relax = Relaxation(**(CSD_DEFAULTS | {k: params.pop(k) for k in list(params) if k in _RELAX})) \
+        if name.endswith("csd") else Relaxation()
+    params.pop("heads", None)
+    if name.startswith("ssd"):
+        return SSDConfig(relax=relax, **params)
     return SJDConfig(relax=relax, **params)
+
+
+def load_heads(model, path=None) -> SpatialHeads:
+    """The model's SSD heads, loaded once and kept on the model object."""
+    path = path or getattr(model, "default_heads", None)
+    if path is None:
+        raise ValueError(f"model {model.name!r} has no default SSD heads; pass heads=PATH")
+    cache = model.__dict__.setdefault("_ssd_heads", {})
+    if str(path) not in cache:
+        cache[str(path)] = SpatialHeads.load(path, model)
+    return cache[str(path)]
 
 
 def decode(name: str, model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
@@ -48,4 +61,6 @@ def decode(name: str, model: ImageTokenModel, prompts: list[str], seeds: list[in
     cfg = decoder_config(name, params)
     if name == "ar":
         return decode_ar(model, prompts, seeds, sc)
+    if name.startswith("ssd"):
+        return decode_ssd(model, prompts, seeds, sc, load_heads(model, (params or {}).get("heads")), cfg)
     return decode_sjd(model, prompts, seeds, sc, cfg)

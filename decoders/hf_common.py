@@ -218,7 +218,7 @@ class HFImageAdapter:
     def _split(self, logits: torch.Tensor, hidden: torch.Tensor) -> StepOutput:
         B = self._batch
         if self._cfg:
-            return StepOutput(logits[:B], logits[B:], hidden[:B])
+            return StepOutput(logits[:B], logits[B:], hidden[:B], hidden[B:])
         return StepOutput(logits, None, hidden)
 
     @staticmethod

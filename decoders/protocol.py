@@ -20,6 +20,7 @@ class StepOutput:
     cond: torch.Tensor  # [B, S, V] conditional logits
     uncond: torch.Tensor | None  # [B, S, V] unconditional logits, None without CFG
     hidden: torch.Tensor  # [B, S, D] conditional last hidden state, before the final norm
+    hidden_uncond: torch.Tensor | None = None  # [B, S, D] the unconditional branch's, None without CFG
 
 
 class ImageTokenModel(Protocol):

@@ -107,3 +107,31 @@ def verify(draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, n_valid: torch
     mass = resid.sum(-1, keepdim=True)
     resid = torch.where(mass > 0, resid / mass.clamp_min(1e-30), q_at)
     return Verdict(n_acc, sample_from(resid, u_resample), prefix, prefix & relaxed_ok & ~standard, tv)
+
+
+def verify_all(draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, judge: torch.Tensor, u_accept: torch.Tensor,
+               u_resample: torch.Tensor, relax: Relaxation = Relaxation()):
+    """Judge every draft, not only up to the first rejection (SSD's auto-correction).
+
+    draft [B, K], p / q [B, K, V], judge [B, K] bool (positions to judge; others keep their token),
+    u_accept / u_resample [B, K]. Each judged position keeps its draft or is resampled from its residual,
+    so its new token is a sample from q (given this forward's context) whatever p was.
+    -> (tokens [B, K], rejected [B, K] bool, relaxed [B, K] bool: accepted only thanks to the relaxation).
+    """
+    qx = q.gather(-1, draft.unsqueeze(-1)).squeeze(-1)
+    px = p.gather(-1, draft.unsqueeze(-1)).squeeze(-1)
+    ratio = qx / px.clamp_min(1e-30)
+    standard = u_accept < ratio.clamp(max=1.0)
+    ok = standard
+    relaxed = torch.zeros_like(standard)
+    if relax.active:
+        tv = 0.5 * (p - q).abs().sum(-1)
+        bonus = relax.lam * normalised_entropy(q, relax.entropy_norm)
+        relaxed = (tv < relax.delta) & (u_accept < (ratio + bonus).clamp(max=1.0)) & ~standard
+        ok = standard | relaxed
+    resid = (q - p).clamp_min(0)
+    mass = resid.sum(-1, keepdim=True)
+    resid = torch.where(mass > 0, resid / mass.clamp_min(1e-30), q)
+    rejected = judge & ~ok
+    tokens = torch.where(rejected, sample_from(resid, u_resample), draft)
+    return tokens, rejected, relaxed & judge

@@ -45,7 +45,10 @@ def _model(model: Optional[str]):
         return ReferenceModel()
     if model.startswith("reference:"):
         return ReferenceModel(model.split(":", 1)[1])
-    raise ValueError(f"unknown model {model!r}; use 'reference' or 'reference:/path/to/bundle'")
+    if model.split(":", 1)[0] in ("janus", "emu3", "chameleon"):
+        from decoders.hf_adapters import load_model
+        return load_model(model)
+    raise ValueError(f"unknown model {model!r}; use reference[:/path], janus:/path, emu3:/path or chameleon:/path")
 
 
 def _params(window, init, lam, delta, entropy_norm) -> dict:
@@ -68,7 +71,8 @@ ENORM = typer.Option(None, "--entropy-norm", help="csd: entropy normaliser: supp
 TEMP = typer.Option(1.0, help="sampling temperature (0 = greedy)")
 TOPK = typer.Option(0, "--top-k", help="keep the k most likely tokens (0 = off)")
 TOPP = typer.Option(1.0, "--top-p", help="nucleus sampling mass (1 = off)")
-MODEL = typer.Option(None, help="model: 'reference' (default) or 'reference:/path/to/bundle'")
+MODEL = typer.Option(None, help="model: reference (default), reference:/bundle, janus:/ckpt, emu3:/ckpt, "
+                                 "chameleon:/ckpt")
 
 
 @app.command("train-reference")
@@ -101,6 +105,32 @@ def train_scorer(out: Path = typer.Option(None, help="scorer weights file"), ste
     net = run(vq=vqm.eval(), steps=steps, batch=batch, n_images=n_images, device=device, workers=workers)
     save_scorer(net, out or DEFAULT_PATH)
     typer.echo(f"wrote {out or DEFAULT_PATH}")
+
+
+@app.command("train-heads")
+@friendly
+def train_heads_cmd(model: Optional[str] = MODEL, out: Optional[Path] = typer.Option(
+                        None, help="heads path without suffix (default: the model's own, e.g. reference/weights/heads)"),
+                    n_images: int = 2048, steps: int = 1500, kind: str = typer.Option("latent", help="latent or token"),
+                    cfg: float = CFG, top_k: int = TOPK, seed: int = 0,
+                    prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)")):
+    """Train SSD's horizontal and vertical heads by self-distillation on the frozen model's own samples."""
+    from decoders.ssd_train import DistillConfig, train_heads
+    m = _model(model)
+    dest = out or getattr(m, "default_heads", None)
+    if dest is None:
+        raise ValueError("--out is required for this model")
+    if prompts is not None:
+        captions = [line.strip() for line in prompts.read_text().splitlines() if line.strip()]
+    elif model in (None, "reference") or model.startswith("reference:"):
+        from reference.train import build_dataset
+        _, _, captions = build_dataset(n_images, seed + 99)  # training-distribution captions, eval set held out
+    else:
+        raise ValueError("--prompts is required for Hugging Face models")
+    heads, info = train_heads(m, captions, _sampling(cfg, 1.0, top_k, 1.0),
+                              DistillConfig(n_images=n_images, steps=steps, seed=seed, kind=kind))
+    heads.save(dest)
+    typer.echo(json.dumps(info | {"path": str(dest)}, indent=1))
 
 
 @app.command("eval-scorer")

@@ -68,7 +68,7 @@ class RMSNorm(nn.Module):
 
 # Cache slots past the sequence's end: speculative windows near the last token write their unused tail
 # there, so no decoder needs a special case for the image's end. Nothing valid ever attends to them.
-SPARE_POSITIONS = 128
+SPARE_POSITIONS = 192
 
 
 def rope_tables(cfg: GPTConfig) -> tuple[torch.Tensor, torch.Tensor]:

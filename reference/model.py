@@ -18,10 +18,12 @@ class ReferenceModel:
     def __init__(self, path: Path | str | None = None, device: str | torch.device = "cpu"):
         bundle = load_bundle(path)
         self.device = torch.device(device)
-        self.gpt = bundle.gpt.to(self.device)
-        self.vq = bundle.vq.to(self.device)
+        self.gpt = bundle.gpt.to(self.device).requires_grad_(False)  # frozen: decoders and heads train around it
+        self.vq = bundle.vq.to(self.device).requires_grad_(False)
         self.name = bundle.name
         self.path = bundle.path
+        self.weights_digest = bundle.checksums["gpt.safetensors"]  # heads trained for these weights only
+        self.default_heads = bundle.path / "heads"  # SSD heads: heads.safetensors + heads.json
         g = self.gpt.cfg
         self.grid = (g.grid, g.grid)
         self.n_codes = g.n_image_codes
@@ -59,7 +61,7 @@ class ReferenceModel:
     def _split(self, logits: torch.Tensor, hidden: torch.Tensor) -> StepOutput:
         B = self._batch
         if self._cfg:
-            return StepOutput(logits[:B], logits[B:], hidden[:B])
+            return StepOutput(logits[:B], logits[B:], hidden[:B], hidden[B:])
         return StepOutput(logits, None, hidden)
 
     def embed(self, tokens: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -53,6 +53,7 @@ class Bundle:
     gpt: GPT
     config: dict
     path: Path
+    checksums: dict
 
     @property
     def name(self) -> str:
@@ -79,4 +80,4 @@ def load_bundle(path: Path | str | None = None, verify: bool = True) -> Bundle:
         gpt.load_state_dict(load_file(path / "gpt.safetensors"), strict=True)
     except RuntimeError as e:
         raise BundleError(f"{path}: weights do not match config.json: {e}") from None
-    return Bundle(vq.eval(), gpt.eval(), config, path)
+    return Bundle(vq.eval(), gpt.eval(), config, path, sums)

@@ -81,6 +81,7 @@ def ar_samples(tiny):
     return _sample(tiny, "ar", {}, offset=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params", [{"window": 6}, {"window": 6, "init": "repeat-above"}])
 def test_sjd_samples_the_ar_distribution(tiny, ar_samples, params):
     spec = _sample(tiny, "sjd", params, offset=1_000_000)
@@ -99,6 +100,7 @@ def _resample_from_q(draft, p, q, n_valid, u_accept, u_resample, relax=Relaxatio
     return v
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", [_always_accept, _resample_from_q])
 def test_statistical_test_has_power(tiny, ar_samples, monkeypatch, broken):
     monkeypatch.setattr(sjd_mod, "verify", broken)

@@ -1,0 +1,244 @@
+"""Spatially speculative decoding (SSD): 2D block drafting with latent heads, auto-correcting verification.
+
+Per block and sample b, with n_b tokens committed (ALGORITHMS.md §3, SSD seed):
+  1. Draft the next `rows` raster rows (L_b <= rows * W tokens). Positions with a row above are drafted
+     vertically, ĥ(t-1) = V(h(t-1-W), e(x_{t-1-W})), a whole row per wave, chaining V down the block;
+     the rest (the first row of the image, or everything with `two_d=False`) horizontally,
+     ĥ(t-1) = H(ĥ(t-2), e(x_{t-1})). Drafts are sampled from the processed distribution of the model's own
+     norm + head applied to ĥ (both CFG branches), so p is known exactly.
+  2. Verify with up to r + 1 forwards (r auto-correction rounds). Each forward judges every position not yet
+     exact: keep the draft or resample it from norm(max(0, q - p)) (verify_all). Everything before the first
+     rejection, and the resampled first rejection itself, is now exact; the next round re-feeds from that
+     first rejection, and the tokens after it (each now a sample from the last q) are judged again.
+     A round with no rejection ends the block with a bonus token.
+  3. Commit. lossless: only the exact raster prefix (SJD semantics with SSD drafts). Otherwise all L_b
+     tokens (lossy after r rounds); the next forward re-feeds from the first position whose KV is stale.
+Each sample advances by its own amount; KV caches are position-indexed, so re-feeding is the rollback.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .protocol import ImageTokenModel
+from .sampling import SamplingConfig, make_generators, processed_probs, sample_from, uniforms
+from .ssd_heads import SpatialHeads
+from .stats import (COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult,
+                    SampleStats)
+from .verify import Relaxation, entropy, verify_all
+
+
+@dataclass(frozen=True)
+class SSDConfig:
+    rows: int = 2  # rows drafted per block
+    rounds: int = 2  # r: auto-correction rounds after the first verification forward
+    lossless: bool = False
+    two_d: bool = True  # False: horizontal-only drafting (ablation)
+    relax: Relaxation = Relaxation()  # CSD acceptance (ssd+csd)
+
+    def __post_init__(self):
+        if not isinstance(self.rows, int) or not 1 <= self.rows <= 4:
+            raise ValueError(f"rows must be an integer in [1, 4], got {self.rows}")
+        if not isinstance(self.rounds, int) or not 0 <= self.rounds <= 8:
+            raise ValueError(f"rounds must be an integer in [0, 8], got {self.rounds}")
+        if self.lossless and self.relax.active:
+            raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0)")
+
+
+class _Drafter:
+    """Drafts a block per sample with the heads; hb[b, i + 1] holds the best-known hidden state at index i
+    (h(-1) = the prompt's last position), conditional and unconditional."""
+
+    def __init__(self, model, heads: SpatialHeads, sc: SamplingConfig, two_d: bool):
+        self.model, self.heads, self.sc, self.two_d = model, heads, sc, two_d
+        self.W = model.grid[1]
+
+    def waves(self, n: np.ndarray, L: np.ndarray) -> np.ndarray:
+        """[B, Lmax] wave index of each block position (-1 = none); a wave's inputs come from earlier waves."""
+        B, Lmax, W = len(n), max(1, int(L.max())), self.W
+        wave = np.full((B, Lmax), -1)
+        for b in range(B):
+            w = {}
+            for o in range(L[b]):
+                t = n[b] + o
+                if self.two_d and t - 1 - W >= 0:
+                    deps = (t - W, t - 1 - W)  # producers of ĥ(t-1-W) and of x_{t-1-W}
+                else:
+                    deps = (t - 1,)  # producer of ĥ(t-2) and x_{t-1}
+                w[t] = 1 + max(w.get(d, -1) for d in deps)  # committed producers count as wave -1
+                wave[b, o] = w[t]
+        return wave
+
+    def draft(self, buf, hb, hbu, n, L, u, buf_len: int):
+        """Fill buf[b, n_b:n_b+L_b] with drafts; return their draft distributions p [B, Lmax, V]."""
+        B, V, W = buf.shape[0], self.model.n_codes, self.W
+        n_np, L_np = n.numpy(), L.numpy()
+        wave = self.waves(n_np, L_np)
+        p = torch.zeros(B, buf_len, V)
+        for w in range(int(wave.max()) + 1):
+            bs, os_ = np.nonzero(wave == w)
+            bs_t, os_t = torch.from_numpy(bs), torch.from_numpy(os_)
+            t = n[bs_t] + os_t  # draft positions
+            vertical = (t - 1 - W >= 0) & self.two_d
+            src = torch.where(vertical, t - 1 - W, t - 2)  # index of the source hidden state
+            tok_at = torch.where(vertical, t - 1 - W, t - 1)  # index of the source token
+            head = (self.heads.vertical, self.heads.horizontal)
+            e = self.model.embed(buf[bs_t, tok_at][None], tok_at[None])[0]  # [P, E]
+            out_c = torch.where(vertical[:, None], head[0](hb[bs_t, src + 1], e), head[1](hb[bs_t, src + 1], e))
+            hb[bs_t, t] = out_c  # ĥ(t - 1), at slot t
+            logits_u = None
+            if hbu is not None:
+                out_u = torch.where(vertical[:, None], head[0](hbu[bs_t, src + 1], e),
+                                    head[1](hbu[bs_t, src + 1], e))
+                hbu[bs_t, t] = out_u
+                logits_u = self.heads.draft_logits(self.model, out_u)
+            probs = processed_probs(self.heads.draft_logits(self.model, out_c), logits_u, self.sc)  # [P, V]
+            buf[bs_t, t] = sample_from(probs, u[bs_t, os_t])
+            p[bs_t, os_t] = probs
+        return p
+
+
+@torch.no_grad()
+def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
+               heads: SpatialHeads, cfg: SSDConfig = SSDConfig()) -> DecodeResult:
+    if len(prompts) != len(seeds):
+        raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
+    if sc.greedy and cfg.relax.active:
+        raise ValueError("CSD's relaxation (lam > 0) needs sampling; with temperature 0 use lam = 0")
+    model.validate_prompts(prompts)
+    t0 = time.perf_counter()
+    gens = make_generators(seeds)
+    B, (H, W) = len(prompts), model.grid
+    N, V, Lmax = H * W, model.n_codes, cfg.rows * W
+    ar = torch.arange(B)
+    drafter = _Drafter(model, heads, sc, cfg.two_d)
+
+    spare = Lmax + 2
+    buf = torch.zeros(B, N + spare, dtype=torch.long)
+    commit = torch.full((B, N + spare), COMMIT_AR, dtype=torch.int8)
+    hb = torch.zeros(B, N + spare, model.hidden_dim)  # slot i + 1: hidden at index i
+    hbu = torch.zeros_like(hb) if sc.uses_cfg else None
+    forwards = torch.ones(B, dtype=torch.long)
+    ent_sum = torch.zeros(B)
+    n_drafted, n_accepted, n_relaxed = (torch.zeros(B, dtype=torch.long) for _ in range(3))
+    blocks: list[list[int]] = [[] for _ in range(B)]
+    rounds_used: list[list[int]] = [[] for _ in range(B)]
+
+    out = model.start(prompts, sc.uses_cfg)
+    hb[:, 0] = out.hidden[:, -1]
+    if hbu is not None:
+        hbu[:, 0] = out.hidden_uncond[:, -1]
+    q0 = processed_probs(out.cond[:, -1], None if out.uncond is None else out.uncond[:, -1], sc)
+    buf[:, 0] = sample_from(q0, uniforms(gens))
+    ent_sum += entropy(q0)
+    n = torch.ones(B, dtype=torch.long)  # committed tokens
+    feed = torch.zeros(B, dtype=torch.long)  # first index whose KV is not current
+
+    while (n < N).any():
+        active = n < N
+        act = active.nonzero().squeeze(1).tolist()
+        L = torch.where(active, (N - n).clamp(max=Lmax), 0)
+        u = torch.zeros(B, Lmax, 3 + 2 * (cfg.rounds + 1))  # draft, then accept/resample per round, bonus
+        u[act] = uniforms([gens[b] for b in act], Lmax, u.shape[-1])
+        p = drafter.draft(buf, hb, hbu, n, L, u[:, :, 0], Lmax)  # [B, Lmax, V]
+        original = buf[:, :N + spare].clone()
+        slot = torch.arange(Lmax)[None, :]
+        in_block = slot < L[:, None]
+        exact_to = torch.zeros(B, dtype=torch.long)  # block offsets < exact_to are exact
+        done = ~active
+        q_blk = torch.zeros(B, Lmax + 1, V)
+        relaxed_blk = torch.zeros(B, Lmax, dtype=torch.bool)
+        r_used = torch.zeros(B, dtype=torch.long)
+        for rnd in range(cfg.rounds + 1):
+            # feed [feed_b, n_b + L_b - 1]; done samples feed one junk token past their block
+            start = torch.where(done, n + L + 1, feed)
+            end = torch.where(done, n + L + 1, n + L - 1)
+            S = int((end - start).max()) + 1
+            idx = start[:, None] + torch.arange(S)[None, :]  # [B, S]; the pad past `end` is junk, never attended
+            out = model.step(buf[ar[:, None], idx.clamp(max=N + spare - 1)], idx)
+            forwards += (~done).long()
+            r_used += (~done).long()
+            valid = (idx <= end[:, None]) & ~done[:, None]
+            hb[ar[:, None], (idx + 1).clamp(max=N + spare - 1)] = torch.where(
+                valid[..., None], out.hidden, hb[ar[:, None], (idx + 1).clamp(max=N + spare - 1)])
+            if hbu is not None:
+                hbu[ar[:, None], (idx + 1).clamp(max=N + spare - 1)] = torch.where(
+                    valid[..., None], out.hidden_uncond, hbu[ar[:, None], (idx + 1).clamp(max=N + spare - 1)])
+            q = processed_probs(out.cond, out.uncond, sc)  # [B, S, V]: q[:, s] is for index idx[:, s] + 1
+            # block offset o needs the output at input index n + o - 1
+            src = (n[:, None] - 1 + torch.arange(Lmax + 1)[None, :] - start[:, None]).clamp(0, S - 1)
+            fresh = (n[:, None] - 1 + torch.arange(Lmax + 1)[None, :] >= start[:, None]) & ~done[:, None]
+            q_blk = torch.where(fresh[..., None], q.gather(1, src[..., None].expand(-1, -1, V)), q_blk)
+            judge = in_block & (slot >= exact_to[:, None]) & ~done[:, None]
+            cur = buf[ar[:, None], n[:, None] + slot]
+            ua = u[:, :, 1 + 2 * rnd]
+            ur = u[:, :, 2 + 2 * rnd]
+            new, rejected, relaxed = verify_all(cur, p, q_blk[:, :Lmax], judge, ua, ur, cfg.relax)
+            buf[ar[:, None], n[:, None] + slot] = torch.where(in_block, new, cur)
+            relaxed_blk |= relaxed
+            p = torch.where(judge[..., None], q_blk[:, :Lmax], p)  # judged tokens are now samples from q
+            first = torch.where(rejected.any(1), rejected.float().argmax(1), L)  # first rejection, or L
+            newly_done = ~done & (first >= L)
+            exact_to = torch.where(~done, torch.minimum(first + 1, L), exact_to)
+            feed = torch.where(~done, n + first, feed)  # re-feed from the first rejection
+            done = done | newly_done
+            if done.all():
+                break
+        # ---- commit
+        converged = active & done & (exact_to >= L)  # the last forward rejected nothing: a bonus exists
+        bonus_ok = converged & (n + L < N)
+        ub = u[:, 0, -1]
+        bonus = sample_from(q_blk.gather(1, L.view(B, 1, 1).expand(B, 1, V)).squeeze(1), ub)
+        buf[ar, (n + L).clamp(max=N + spare - 1)] = torch.where(bonus_ok, bonus, buf[ar, (n + L).clamp(max=N + spare - 1)])
+        take = exact_to if cfg.lossless else L  # tokens committed from the block
+        take = torch.where(active, take, 0)
+        changed = buf[:, :N + spare] != original
+        kinds = torch.where(changed[ar[:, None], n[:, None] + slot], COMMIT_RESAMPLED,
+                            torch.where(relaxed_blk, COMMIT_RELAXED, COMMIT_ACCEPTED)).to(torch.int8)
+        pos = (n[:, None] + slot).clamp(max=N + spare - 1)
+        commit[ar[:, None], pos] = torch.where(slot < take[:, None], kinds, commit[ar[:, None], pos])
+        commit[ar, (n + L).clamp(max=N + spare - 1)] = torch.where(
+            bonus_ok, torch.tensor(COMMIT_BONUS, dtype=torch.int8), commit[ar, (n + L).clamp(max=N + spare - 1)])
+        ents = entropy(q_blk[:, :Lmax])
+        ent_sum += (ents * (slot < take[:, None])).sum(1) + torch.where(bonus_ok, entropy(q_blk[ar, L]), 0)
+        n_drafted += torch.where(active, L, 0)
+        n_accepted += ((~changed[ar[:, None], n[:, None] + slot]) & (slot < take[:, None])).sum(1)
+        n_relaxed += (relaxed_blk & (slot < take[:, None])).sum(1)
+        for b in act:
+            blocks[b].append(int(L[b]))
+            rounds_used[b].append(int(r_used[b]))
+        new_n = n + take + bonus_ok.long()
+        if cfg.lossless:
+            feed = torch.where(active, new_n - 1, feed)  # the token at new_n - 1 is not fed yet
+        else:
+            feed = torch.where(active, torch.where(converged, new_n - 1, feed), feed)
+        n = torch.where(active, new_n.clamp(max=N), n)
+
+    elapsed = time.perf_counter() - t0
+    commit_np = commit[:, :N].numpy()
+    stats = []
+    for b in range(B):
+        f = int(forwards[b])
+        stats.append(SampleStats(
+            forwards=f, tokens_per_forward_hist=_hist(blocks[b], rounds_used[b]),
+            acceptance_rate=float(n_accepted[b] / n_drafted[b]) if n_drafted[b] else float("nan"),
+            commit_map=commit_np[b].reshape(H, W), mean_entropy=float(ent_sum[b] / N),
+            relaxed=int(n_relaxed[b]), seconds=elapsed / B,
+            extra={"block_sizes": blocks[b], "rounds_per_block": rounds_used[b], "rows": cfg.rows,
+                   "rounds": cfg.rounds, "lossless": cfg.lossless, "two_d": cfg.two_d,
+                   "lam": cfg.relax.lam, "delta": cfg.relax.delta}))
+    return DecodeResult(buf[:, :N].clone(), stats)
+
+
+def _hist(blocks: list[int], rounds: list[int]) -> list[int]:
+    """Tokens per forward, spreading each block's tokens over its forwards (prefill counted as 1 token)."""
+    h = [0, 1]
+    for size, r in zip(blocks, rounds):
+        k = max(1, round(size / max(1, r)))
+        h += [0] * (k + 1 - len(h))
+        h[k] += r
+    return h

@@ -1,0 +1,102 @@
+"""Self-distillation of SSD's spatial heads on the frozen backbone's own generations.
+
+1. Sample images from the backbone with CFG (plain AR, the sampling config users decode with).
+2. One teacher-forced pass over each image gives the pre-norm hidden states h(i) of both CFG branches.
+3. Train the heads on (h(i), e(x_{i+1})) -> h(i+1) and (h(i), e(x_i)) -> h(i+W): a regression in latent
+   space (MSE, scaled by the mean square of h) plus a KL term through the backbone's frozen norm + head
+   that asks the drafted distribution to match the backbone's. Token heads (the ablation) train on the
+   KL term alone.
+The backbone is never updated.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from .ar import decode_ar
+from .sampling import SamplingConfig
+from .ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    n_images: int = 2048
+    sample_batch: int = 64
+    steps: int = 1500
+    batch: int = 2048  # (position, branch) pairs per step and head
+    lr: float = 2e-3
+    kl_weight: float = 1.0
+    seed: int = 0
+    kind: str = "latent"
+
+
+@torch.no_grad()
+def collect(model, prompts: list[str], sc: SamplingConfig, dc: DistillConfig) -> dict[str, torch.Tensor]:
+    """Sample images and gather (hidden, embedding) tensors for both branches: h [M, N-1, D], e [M, N, E]."""
+    hs, es = [], []
+    N = model.grid[0] * model.grid[1]
+    for i in tqdm(range(0, len(prompts), dc.sample_batch), desc="self-distillation data", unit="batch"):
+        batch = prompts[i:i + dc.sample_batch]
+        seeds = [dc.seed * 1_000_003 + i + j for j in range(len(batch))]
+        tokens = decode_ar(model, batch, seeds, sc).tokens  # [b, N]
+        model.start(batch, sc.uses_cfg)
+        idx = torch.arange(N - 1).expand(len(batch), N - 1)
+        out = model.step(tokens[:, :-1], idx)
+        e = model.embed(tokens, torch.arange(N).expand(len(batch), N))
+        hs.append(out.hidden)
+        es.append(e)
+        if out.hidden_uncond is not None:  # the heads also draft the unconditional branch
+            hs.append(out.hidden_uncond)
+            es.append(e)
+    return {"h": torch.cat(hs), "e": torch.cat(es)}
+
+
+def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig(),
+                dc: DistillConfig = DistillConfig(), log=print) -> tuple[SpatialHeads, dict]:
+    t0 = time.perf_counter()
+    data = collect(model, prompts[:dc.n_images], sc, dc)
+    t_collect = time.perf_counter() - t0
+    h, e = data["h"], data["e"]  # [M, N-1, D], [M, N, E]
+    M, W = h.shape[0], model.grid[1]
+    cfg = HeadsConfig(dim=model.hidden_dim, emb_dim=e.shape[-1], n_codes=model.n_codes, grid=tuple(model.grid),
+                      model=model_fingerprint(model), kind=dc.kind)
+    torch.manual_seed(dc.seed)
+    heads = SpatialHeads(cfg)
+    opt = torch.optim.AdamW(heads.parameters(), lr=dc.lr, weight_decay=0.0)
+    scale = h.pow(2).mean()
+    gen = torch.Generator().manual_seed(dc.seed)
+    # pair index sets: horizontal i in [0, N-3] (target h(i+1) exists), vertical i in [0, N-2-W]
+    n_h, n_v = h.shape[1] - 1, h.shape[1] - W
+    bar = tqdm(range(dc.steps), desc="heads", unit="step")
+    for step in bar:
+        lr = dc.lr * 0.5 * (1 + math.cos(math.pi * step / dc.steps))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        losses = {}
+        for name, head, n_pos, off, e_off in (("h", heads.horizontal, n_h, 1, 1), ("v", heads.vertical, n_v, W, 0)):
+            m = torch.randint(0, M, (dc.batch,), generator=gen)
+            i = torch.randint(0, n_pos, (dc.batch,), generator=gen)
+            target = h[m, i + off]
+            out = head(h[m, i], e[m, i + e_off])
+            with torch.no_grad():
+                p_t = F.softmax(model.logits_from_hidden(target), -1)
+            logp = F.log_softmax(heads.draft_logits(model, out), -1)
+            kl = F.kl_div(logp, p_t, reduction="batchmean")
+            mse = F.mse_loss(out, target) / scale if cfg.kind == "latent" else torch.zeros(())
+            losses[name] = mse + dc.kl_weight * kl
+        loss = losses["h"] + losses["v"]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 20 == 0:
+            bar.set_postfix(h=f"{losses['h'].item():.3f}", v=f"{losses['v'].item():.3f}")
+    info = {"n_images": len(prompts[:dc.n_images]), "pairs": int(M * (n_h + n_v)), "collect_s": t_collect,
+            "total_s": time.perf_counter() - t0, "params": heads.n_params(),
+            "flops_per_token_per_head": heads.flops_per_token()}
+    return heads.eval(), info

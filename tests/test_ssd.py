@@ -1,0 +1,103 @@
+"""SSD on a tiny random model: lossless greedy equality and distribution, heads persistence and refusal,
+and the self-distillation trainer."""
+
+import pytest
+import torch
+
+from decoders import decode, decoder_config
+from decoders.sampling import SamplingConfig
+from decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
+from decoders.ssd_train import DistillConfig, train_heads
+from test_decoders import GREEDY, POSITIONS, PROMPTS, SAMPLED, _same_distribution
+from tiny import tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    m = tiny_model(tmp_path_factory.mktemp("tiny"), scale=0.2)
+    torch.manual_seed(1)
+    heads = SpatialHeads(HeadsConfig(dim=m.hidden_dim, emb_dim=m.hidden_dim, n_codes=m.n_codes, grid=m.grid,
+                                     model=model_fingerprint(m)))
+    with torch.no_grad():  # non-identity heads, so drafts differ from the model's own predictions
+        for p in heads.parameters():
+            p.normal_(0, 0.1)
+    heads.save(m.default_heads)
+    return m
+
+
+@pytest.mark.parametrize("params", [
+    {"lossless": True, "rows": 1, "rounds": 0}, {"lossless": True, "rows": 2, "rounds": 2},
+    {"lossless": True, "rows": 3, "rounds": 1, "two_d": False},
+])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_lossless_ssd_greedy_equals_ar(tiny, params, batch):
+    prompts, seeds = PROMPTS[:batch], list(range(batch))
+    ar = decode("ar", tiny, prompts, seeds, GREEDY)
+    ssd = decode("ssd", tiny, prompts, seeds, GREEDY, params)
+    assert torch.equal(ar.tokens, ssd.tokens)
+
+
+@pytest.mark.slow
+def test_lossless_ssd_samples_the_ar_distribution(tiny):
+    from test_decoders import _sample as sample_
+    ar = sample_(tiny, "ar", {}, offset=0)
+    ssd = sample_(tiny, "ssd", {"lossless": True, "rows": 2, "rounds": 1}, offset=2_000_000)
+    assert _same_distribution(ar, ssd) > 0.001 / len(POSITIONS)
+
+
+def test_ssd_batch_gives_each_sample_its_batch_one_tokens(tiny):
+    prompts, seeds = PROMPTS * 2, list(range(20, 28))
+    batched = decode("ssd", tiny, prompts, seeds, SAMPLED, {"rows": 2, "rounds": 1})
+    for b in range(8):
+        alone = decode("ssd", tiny, prompts[b:b + 1], seeds[b:b + 1], SAMPLED, {"rows": 2, "rounds": 1})
+        assert torch.equal(alone.tokens[0], batched.tokens[b])
+
+
+def test_lossy_ssd_stats(tiny):
+    res = decode("ssd", tiny, PROMPTS[:2], [0, 1], SAMPLED, {"rows": 2, "rounds": 1})
+    for s in res.stats:
+        assert sum(s.extra["block_sizes"]) + s.commit_map.size - sum(s.extra["block_sizes"]) == 16
+        assert s.forwards == 1 + sum(s.extra["rounds_per_block"])
+        assert all(r <= 2 for r in s.extra["rounds_per_block"])
+
+
+def test_heads_for_another_model_or_shape_are_refused(tiny, tmp_path):
+    cfg = HeadsConfig(dim=tiny.hidden_dim, emb_dim=tiny.hidden_dim, n_codes=tiny.n_codes, grid=tiny.grid,
+                      model="someone-else@0123456789ab")
+    SpatialHeads(cfg).save(tmp_path / "other")
+    with pytest.raises(ValueError, match="trained for model 'someone-else"):
+        SpatialHeads.load(tmp_path / "other", tiny)
+    cfg = HeadsConfig(dim=tiny.hidden_dim * 2, emb_dim=tiny.hidden_dim, n_codes=tiny.n_codes, grid=tiny.grid,
+                      model=model_fingerprint(tiny))
+    SpatialHeads(cfg).save(tmp_path / "wide")
+    with pytest.raises(ValueError, match="heads are for dim"):
+        SpatialHeads.load(tmp_path / "wide", tiny)
+    with pytest.raises(FileNotFoundError, match="train them"):
+        SpatialHeads.load(tmp_path / "missing", tiny)
+
+
+@pytest.mark.parametrize("params, name", [({"rows": 0}, "rows"), ({"rounds": -1}, "rounds"),
+                                          ({"lossless": True, "lam": 0.5, "delta": 0.5}, "lossless")])
+def test_bad_ssd_parameters_are_named(params, name):
+    with pytest.raises(ValueError, match=name):
+        decoder_config("ssd+csd" if "lam" in params else "ssd", params)
+
+
+def test_self_distillation_reduces_the_heads_loss(tiny):
+    prompts = PROMPTS * 4
+    heads, info = train_heads(tiny, prompts, SAMPLED, DistillConfig(n_images=16, sample_batch=16, steps=60,
+                                                                     batch=256), log=lambda *a: None)
+    assert info["params"] > 0 and heads.cfg.model == model_fingerprint(tiny)
+    # trained latent heads draft the model's own next token more often than identity heads
+    from decoders.ssd_train import collect
+    data = collect(tiny, PROMPTS, SAMPLED, DistillConfig(sample_batch=4, seed=5))
+    h, e = data["h"], data["e"]
+    fresh = SpatialHeads(heads.cfg)
+    W = tiny.grid[1]
+    n = h.shape[1] - W  # vertical pairs (h(i), e(x_i)) -> h(i + W)
+
+    def agree(hd):
+        pred = tiny.logits_from_hidden(hd.vertical(h[:, :n], e[:, :n])).argmax(-1)
+        return (pred == tiny.logits_from_hidden(h[:, W:W + n]).argmax(-1)).float().mean()
+    with torch.no_grad():
+        assert agree(heads) > agree(fresh)

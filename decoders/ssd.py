@@ -18,6 +18,7 @@ Each sample advances by its own amount; KV caches are position-indexed, so re-fe
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -39,14 +40,46 @@ class SSDConfig:
     lossless: bool = False
     two_d: bool = True  # False: horizontal-only drafting (ablation)
     relax: Relaxation = Relaxation()  # CSD acceptance (ssd+csd)
+    adaptive: bool = False  # adapt rows per sample and block (AdaptivePolicy); `rows` is then the start
+    max_rows: int = 4
+    token_budget: int = 0  # drafted tokens per forward the batch may use (0 = unlimited); see AdaptivePolicy
 
     def __post_init__(self):
         if not isinstance(self.rows, int) or not 1 <= self.rows <= 4:
             raise ValueError(f"rows must be an integer in [1, 4], got {self.rows}")
+        if not isinstance(self.max_rows, int) or not self.rows <= self.max_rows <= 4:
+            raise ValueError(f"max_rows must be an integer in [rows, 4], got {self.max_rows}")
+        if not isinstance(self.token_budget, int) or self.token_budget < 0:
+            raise ValueError(f"token_budget must be an integer >= 0, got {self.token_budget}")
         if not isinstance(self.rounds, int) or not 0 <= self.rounds <= 8:
             raise ValueError(f"rounds must be an integer in [0, 8], got {self.rounds}")
         if self.lossless and self.relax.active:
             raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0)")
+
+
+class AdaptivePolicy:
+    """Rows drafted per block, per sample, bounded to [1, cap]:
+      - content: after a block whose drafts were mostly kept (>= 75% of the block exact or accepted before
+        the last round) and whose target entropy was low (mean normalised entropy < 0.5: smooth content),
+        draft one more row; after a block with < 40% kept, or high entropy, one fewer;
+      - compute headroom: cap = min(max_rows, token_budget // (batch * W)) when a budget is set, so a big
+        batch, which already fills the device, speculates less (at batch 64 on a CPU, one row).
+    The rows chosen are recorded per block in the statistics (block_sizes)."""
+
+    def __init__(self, cfg: SSDConfig, batch: int, W: int):
+        cap = cfg.max_rows if cfg.adaptive else cfg.rows
+        if cfg.token_budget:
+            cap = max(1, min(cap, cfg.token_budget // max(1, batch * W)))
+        self.cap, self.adaptive = cap, cfg.adaptive
+        self.rows = torch.full((batch,), min(cfg.rows, cap), dtype=torch.long)
+
+    def update(self, kept_frac: torch.Tensor, norm_entropy: torch.Tensor, active: torch.Tensor) -> None:
+        if not self.adaptive:
+            return
+        up = (kept_frac >= 0.75) & (norm_entropy < 0.5)
+        down = (kept_frac < 0.4) | (norm_entropy >= 0.8)
+        step = up.long() - (down & ~up).long()
+        self.rows = torch.where(active, (self.rows + step).clamp(1, self.cap), self.rows)
 
 
 class _Drafter:
@@ -113,7 +146,8 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
     t0 = time.perf_counter()
     gens = make_generators(seeds)
     B, (H, W) = len(prompts), model.grid
-    N, V, Lmax = H * W, model.n_codes, cfg.rows * W
+    policy = AdaptivePolicy(cfg, B, W)
+    N, V, Lmax = H * W, model.n_codes, policy.cap * W
     ar = torch.arange(B)
     drafter = _Drafter(model, heads, sc, cfg.two_d)
 
@@ -141,7 +175,7 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
     while (n < N).any():
         active = n < N
         act = active.nonzero().squeeze(1).tolist()
-        L = torch.where(active, (N - n).clamp(max=Lmax), 0)
+        L = torch.where(active, torch.minimum(N - n, policy.rows * W), 0)
         u = torch.zeros(B, Lmax, 3 + 2 * (cfg.rounds + 1))  # draft, then accept/resample per round, bonus
         u[act] = uniforms([gens[b] for b in act], Lmax, u.shape[-1])
         p = drafter.draft(buf, hb, hbu, n, L, u[:, :, 0], Lmax)  # [B, Lmax, V]
@@ -211,6 +245,9 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
         for b in act:
             blocks[b].append(int(L[b]))
             rounds_used[b].append(int(r_used[b]))
+        kept = torch.where(active, (~changed[ar[:, None], n[:, None] + slot] & in_block).sum(1), 0)
+        h_norm = (ents / math.log(V) * in_block).sum(1) / L.clamp(min=1)
+        policy.update(kept / L.clamp(min=1), h_norm, active)
         new_n = n + take + bonus_ok.long()
         if cfg.lossless:
             feed = torch.where(active, new_n - 1, feed)  # the token at new_n - 1 is not fed yet
@@ -229,7 +266,7 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
             commit_map=commit_np[b].reshape(H, W), mean_entropy=float(ent_sum[b] / N),
             relaxed=int(n_relaxed[b]), seconds=elapsed / B,
             extra={"block_sizes": blocks[b], "rounds_per_block": rounds_used[b], "rows": cfg.rows,
-                   "rounds": cfg.rounds, "lossless": cfg.lossless, "two_d": cfg.two_d,
+                   "rounds": cfg.rounds, "lossless": cfg.lossless, "two_d": cfg.two_d, "adaptive": cfg.adaptive,
                    "lam": cfg.relax.lam, "delta": cfg.relax.delta}))
     return DecodeResult(buf[:, :N].clone(), stats)
 

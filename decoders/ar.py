@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from .protocol import ImageTokenModel
+from .protocol import ImageTokenModel, check_request
 from .sampling import SamplingConfig, make_generators, processed_probs, sample
 from .stats import COMMIT_AR, DecodeResult, SampleStats
 
@@ -14,9 +14,7 @@ from .stats import COMMIT_AR, DecodeResult, SampleStats
 @torch.no_grad()
 def decode_ar(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig) -> DecodeResult:
     """Prompts and per-sample seeds -> tokens [B, H*W] and per-sample statistics."""
-    if len(prompts) != len(seeds):
-        raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
-    model.validate_prompts(prompts)
+    check_request(model, prompts, seeds)
     t0 = time.perf_counter()
     gens = make_generators(seeds)
     B, n = len(prompts), model.grid[0] * model.grid[1]

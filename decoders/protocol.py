@@ -46,3 +46,13 @@ class ImageTokenModel(Protocol):
 
     def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, H*W] -> uint8 images [B, height, width, 3]."""
+
+
+def check_request(model: ImageTokenModel, prompts: list[str], seeds: list[int], greedy: bool = False,
+                  relaxed: bool = False) -> None:
+    """What every decoder refuses up front: mismatched seeds, relaxation without sampling, bad prompts."""
+    if len(prompts) != len(seeds):
+        raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
+    if greedy and relaxed:
+        raise ValueError("CSD's relaxation (lam > 0) needs sampling; with temperature 0 use lam = 0")
+    model.validate_prompts(prompts)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .protocol import ImageTokenModel
+from .protocol import ImageTokenModel, check_request
 from .sampling import SamplingConfig, make_generators, processed_probs, sample_from, uniforms
 from .stats import (COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult,
                     SampleStats)
@@ -66,11 +66,7 @@ def _fresh_drafts(buf: torch.Tensor, start: torch.Tensor, first_new: torch.Tenso
 @torch.no_grad()
 def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
                cfg: SJDConfig = SJDConfig()) -> DecodeResult:
-    if len(prompts) != len(seeds):
-        raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
-    if sc.greedy and cfg.relax.active:
-        raise ValueError("CSD's relaxation (lam > 0) needs sampling; with temperature 0 use lam = 0")
-    model.validate_prompts(prompts)
+    check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
     t0 = time.perf_counter()
     gens = make_generators(seeds)
     B, (rows_, cols) = len(prompts), model.grid

@@ -60,6 +60,9 @@ def collect(model, prompts: list[str], sc: SamplingConfig, dc: DistillConfig) ->
 def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig(),
                 dc: DistillConfig = DistillConfig(), log=print) -> tuple[SpatialHeads, dict]:
     t0 = time.perf_counter()
+    for part in vars(model).values():  # the backbone is frozen: gradients flow through it to the heads only
+        if isinstance(part, torch.nn.Module):
+            part.requires_grad_(False)
     data = collect(model, prompts[:dc.n_images], sc, dc)
     t_collect = time.perf_counter() - t0
     h, e = data["h"], data["e"]  # [M, N-1, D], [M, N, E]

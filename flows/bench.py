@@ -34,6 +34,8 @@ def parse_decoder_spec(spec: str) -> tuple[str, dict]:
 
 
 def _value(v: str):
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
     for cast in (int, float):
         try:
             return cast(v)

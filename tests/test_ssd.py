@@ -6,6 +6,7 @@ import torch
 
 from decoders import decode, decoder_config
 from decoders.sampling import SamplingConfig
+from decoders.stats import COMMIT_BONUS
 from decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
 from decoders.ssd_train import DistillConfig, train_heads
 from test_decoders import GREEDY, POSITIONS, PROMPTS, SAMPLED, _same_distribution
@@ -56,7 +57,8 @@ def test_ssd_batch_gives_each_sample_its_batch_one_tokens(tiny):
 def test_lossy_ssd_stats(tiny):
     res = decode("ssd", tiny, PROMPTS[:2], [0, 1], SAMPLED, {"rows": 2, "rounds": 1})
     for s in res.stats:
-        assert sum(s.extra["block_sizes"]) + s.commit_map.size - sum(s.extra["block_sizes"]) == 16
+        bonuses = int((s.commit_map == COMMIT_BONUS).sum())
+        assert 1 + sum(s.extra["block_sizes"]) + bonuses == 16  # prefill token + blocks + bonus tokens
         assert s.forwards == 1 + sum(s.extra["rounds_per_block"])
         assert all(r <= 2 for r in s.extra["rounds_per_block"])
 

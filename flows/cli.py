@@ -40,15 +40,8 @@ def _sampling(cfg: float, temperature: float, top_k: int, top_p: float):
 
 
 def _model(model: Optional[str]):
-    from reference.model import ReferenceModel
-    if model in (None, "reference"):
-        return ReferenceModel()
-    if model.startswith("reference:"):
-        return ReferenceModel(model.split(":", 1)[1])
-    if model.split(":", 1)[0] in ("janus", "emu3", "chameleon"):
-        from decoders.hf_adapters import load_model
-        return load_model(model)
-    raise ValueError(f"unknown model {model!r}; use reference[:/path], janus:/path, emu3:/path or chameleon:/path")
+    from workers.models import load_model
+    return load_model(model)
 
 
 def _params(window, init, lam, delta, entropy_norm) -> dict:
@@ -196,25 +189,91 @@ def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for sever
     typer.echo(f"wrote {out} ({len(prompts)} images, {decoder}, {fwd:.1f} forwards per image)")
 
 
+def _ssd_params(rows, max_rows, rounds, lossless) -> dict:
+    given = {"rows": rows, "max_rows": max_rows, "rounds": rounds, "lossless": lossless}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+@app.command()
+@friendly
+def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or glob at any fsspec URL; repeatable"),
+             out: str = typer.Option("out/run", help="output URL (local path, s3://, gs://, ...)"),
+             decoder: str = "ar", model: Optional[str] = MODEL, shard_size: int = typer.Option(256, help="rows per shard"),
+             batch_size: int = typer.Option(16, help="prompts per decoder call"),
+             actors: int = typer.Option(2, help="Ray actors (each loads the model once)"),
+             cpus_per_actor: float = typer.Option(1.0, help="Ray num_cpus per actor (= torch threads on CPU)"),
+             gpus_per_actor: float = typer.Option(0.0, help="Ray num_gpus per actor (0 on CPU)"),
+             device_type: str = typer.Option("cpu", help="price row in infra/prices.csv (cpu, l4, h100, ...)"),
+             ray_address: Optional[str] = typer.Option(None, help="attach to a Ray cluster (default: RAY_ADDRESS, "
+                                                                   "else a local Ray)"),
+             seed: int = typer.Option(0, help="run seed; a row's own `seed` column wins"),
+             cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK, top_p: float = TOPP,
+             window: Optional[int] = WINDOW, init: Optional[str] = INIT, lam: Optional[float] = LAM,
+             delta: Optional[float] = DELTA, entropy_norm: Optional[str] = ENORM,
+             rows: Optional[int] = typer.Option(None, help="ssd: rows drafted per step"),
+             max_rows: Optional[int] = typer.Option(None, help="ssd+csd: most rows the adaptive policy drafts"),
+             rounds: Optional[int] = typer.Option(None, help="ssd: auto-correction rounds r"),
+             lossless: Optional[bool] = typer.Option(None, help="ssd: commit only the verified raster prefix"),
+             progress: bool = typer.Option(True, help="show a progress bar")):
+    """Generate images for Parquet prompts with a Prefect flow on Ray actors; resumable (run it again)."""
+    from flows.pipeline import generate as flow
+    params = _params(window, init, lam, delta, entropy_norm) | _ssd_params(rows, max_rows, rounds, lossless)
+    _check_decoder(decoder, params)
+    summary = flow(prompts=prompts, out=out, model=model or "reference", decoder=decoder, params=params,
+                   cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, shard_size=shard_size,
+                   batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor,
+                   device_type=device_type, ray_address=ray_address, progress=progress)
+    _print_summary(summary)
+
+
+def _print_summary(s: dict) -> None:
+    from flows.cost import cost_table
+    typer.echo(f"shards {s['shards_committed']}/{s['shards_total']} committed ({s['shards_run_now']} this run); "
+               f"images ok {s['images_ok']}, failed {s['images_failed']}")
+    for r in cost_table(s):
+        typer.echo(f"  {r['metric']:<34} {r['value']}")
+    typer.echo(f"manifest: {s['manifest']}\nsummary:  {s['summary']}")
+
+
+@app.command()
+@friendly
+def status(url: str = typer.Argument(..., help="a run's output URL")):
+    """Shards done, pending and failed, and the cost so far."""
+    from flows.pipeline import run_status
+    st = run_status(url)
+    typer.echo(f"{url}: {st['shards_done']} done, {st['shards_pending']} pending, {len(st['shards_failed'])} failed "
+               f"of {st['shards_total']} shards; images ok {st['images_ok']}, failed {st['images_failed']}")
+    for k, v in st["shards_failed"].items():
+        typer.echo(f"  failed shard {k}: {v}")
+    if st["cost"]:
+        c = st["cost"]
+        typer.echo(f"  cost so far: ${c['usd_on_demand']:.4f} on demand"
+                   + (f", ${c['usd_spot']:.4f} spot" if c.get("usd_spot") is not None else "")
+                   + f" ({c['device_seconds_allocated']:.1f} device-seconds on {c['price']['device_type']})")
+
+
 @app.command()
 @friendly
 def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: str = "ar",
-         batch_size: int = 8, cfg: float = CFG, model: Optional[str] = MODEL):
-    """Generate images for the bundled example prompts into OUT (the embedded default job)."""
+         batch_size: int = 8, actors: int = 2, model: Optional[str] = MODEL):
+    """The embedded default job: the bundled example prompts (Parquet) through the Prefect flow on local Ray
+    actors into OUT/run, then a grid.png of the committed images."""
+    import io
     import numpy as np
+    import pyarrow.parquet as pq
     from PIL import Image
-    from reference.evaluate import generate
-    from reference.prompts import EXAMPLES_PATH, load_jsonl
-    rows = load_jsonl(EXAMPLES_PATH)
-    m = _model(model)
-    images, stats, secs = generate(m, [r["prompt"] for r in rows], [r["seed"] for r in rows], decoder,
-                                   _sampling(cfg, 1.0, 0, 1.0), batch_size)
-    out.mkdir(parents=True, exist_ok=True)
-    for r, img in zip(rows, images):
-        Image.fromarray(img).resize((256, 256), Image.NEAREST).save(out / f"{r['prompt_id']}.png")
-    Image.fromarray(np.concatenate(list(images), axis=1)).save(out / "grid.png")
-    (out / "prompts.json").write_text(json.dumps(rows, indent=1))
-    typer.echo(f"{len(rows)} images in {secs:.1f} s -> {out.resolve()}/ (grid.png, example-*.png, prompts.json)")
+    from flows.pipeline import generate as flow
+    from reference.prompts import EXAMPLES_PARQUET
+    summary = flow(prompts=[str(EXAMPLES_PARQUET)], out=str(out / "run"), model=model or "reference", decoder=decoder,
+                   shard_size=4, batch_size=batch_size, actors=actors, progress=True)
+    _print_summary(summary)
+    man = pq.read_table(summary["manifest"].removeprefix("file://")).to_pylist()
+    tables = [pq.read_table(m["images_url"].removeprefix("file://"), columns=["prompt_id", "png"]) for m in man]
+    pngs = [r for t in tables for r in t.to_pylist() if r["png"]]
+    grid = np.concatenate([np.asarray(Image.open(io.BytesIO(r["png"])).convert("RGB")) for r in pngs], axis=1)
+    Image.fromarray(grid).save(out / "grid.png")
+    typer.echo(f"{len(pngs)} images -> {(out / 'run').resolve()}/ (shards/*/attempt-*/images.parquet); "
+               f"look at {(out / 'grid.png').resolve()}")
 
 
 @app.command("eval")

@@ -17,6 +17,7 @@ DATA = Path(__file__).parent / "data"
 EVAL_VERSION = "v1"
 EVAL_PATH = DATA / f"eval_prompts_{EVAL_VERSION}.jsonl"
 EXAMPLES_PATH = DATA / "example_prompts.jsonl"
+EXAMPLES_PARQUET = DATA / "example_prompts.parquet"  # the same rows, as the pipeline reads them
 EVAL_SEED = 20261129
 EVAL_N = 1024
 

@@ -1,0 +1,286 @@
+"""Cost accounting for generation runs: $ per 1k images, images/s per device, utilization.
+
+Price table (`infra/prices.csv`, `DEFAULT_PRICES`) conventions:
+  - one row per `device_type` (`h100`, `a100-40gb`, `h200`, `l4`, `a10g`, `cpu`, ...);
+  - prices are USD per *device*-hour: the instance's hourly price divided by
+    `devices_per_instance`. `unit` says what a device is: `gpu` for accelerators, `vcpu` for
+    CPU-only types (the `cpu` row is priced per vCPU);
+  - `on_demand_usd_per_hour` is the list price (AWS us-east-1, Linux, shared tenancy);
+    `spot_usd_per_hour` is a *typical* spot price (spot varies by zone and hour) and may be empty
+    when unknown;
+  - `source` is the page the numbers come from (and says "unverified"/"typical" where that is what
+    they are); `as_of` is the ISO date the page states, or the date the row was recorded.
+
+Conventions (how the numbers are defined):
+  - A shard record (written by the pipeline into each shard's commit marker) carries, at least,
+    `shard, rows, ok, failed, wall_s, busy_s, load_s, devices, device_seconds_allocated,
+    device_seconds_busy`, where device_seconds_allocated = (wall_s + load_s) x devices and
+    device_seconds_busy = busy_s x devices.
+  - images/s per device = images_ok / device-seconds allocated.
+  - $ per 1k images = sum over shards of (device-seconds allocated x price per device-hour / 3600)
+    divided by (images_ok / 1000). Reported for on-demand and spot, each with the price's source
+    and date; None (never NaN/inf) when there are no images or no spot price.
+  - utilization = busy device-seconds / allocated device-seconds; overhead share = 1 - utilization
+    (model load, I/O, encoding, idle).
+  - Failed and retried samples cost money and produce no output: they are in the allocated
+    device-seconds and not in images_ok, so they raise $ per 1k images.
+  - `reconciles`: the totals are computed once from summed device-seconds x price and once as the
+    sum of per-shard costs (`shard_cost`); the two must agree to 1e-9 relative.
+
+Pure Python on purpose (no Ray/Prefect/torch imports), so drivers, tests and notebooks can use it.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as dt
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_PRICES: Path = Path(__file__).resolve().parents[1] / "infra" / "prices.csv"
+
+COLUMNS = ("device_type", "unit", "devices_per_instance", "instance_type",
+           "on_demand_usd_per_hour", "spot_usd_per_hour", "source", "as_of")
+UNITS = ("gpu", "vcpu")
+RECORD_KEYS = ("ok", "failed", "wall_s", "busy_s", "load_s", "devices",
+               "device_seconds_allocated", "device_seconds_busy")
+RECONCILE_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Price:
+    device_type: str
+    unit: str
+    devices_per_instance: int
+    instance_type: str
+    on_demand_usd_per_hour: float
+    spot_usd_per_hour: float | None
+    source: str
+    as_of: str
+
+
+# ---------------------------------------------------------------------------------------- prices
+
+def _bad(path: Path, line: int, column: str, problem: str) -> ValueError:
+    return ValueError(f"{path}: line {line}, column {column!r}: {problem}")
+
+
+def _parse_row(path: Path, line: int, row: dict[str, str]) -> Price:
+    def text(col: str) -> str:
+        value = (row.get(col) or "").strip()
+        if not value:
+            raise _bad(path, line, col, "empty")
+        return value
+
+    def number(col: str, *, optional: bool = False) -> float | None:
+        raw = (row.get(col) or "").strip()
+        if not raw and optional:
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            raise _bad(path, line, col, f"not a number: {raw!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise _bad(path, line, col, f"must be a positive finite number, got {raw!r}")
+        return value
+
+    unit = text("unit")
+    if unit not in UNITS:
+        raise _bad(path, line, "unit", f"must be one of {', '.join(UNITS)}, got {unit!r}")
+    raw_n = text("devices_per_instance")
+    try:
+        n = int(raw_n)
+    except ValueError:
+        raise _bad(path, line, "devices_per_instance", f"not an integer: {raw_n!r}") from None
+    if n < 1:
+        raise _bad(path, line, "devices_per_instance", f"must be >= 1, got {n}")
+    as_of = text("as_of")
+    try:
+        dt.date.fromisoformat(as_of)
+    except ValueError:
+        raise _bad(path, line, "as_of", f"not an ISO date (YYYY-MM-DD): {as_of!r}") from None
+    return Price(device_type=text("device_type").lower(), unit=unit, devices_per_instance=n,
+                 instance_type=text("instance_type"),
+                 on_demand_usd_per_hour=number("on_demand_usd_per_hour"),
+                 spot_usd_per_hour=number("spot_usd_per_hour", optional=True),
+                 source=text("source"), as_of=as_of)
+
+
+def load_prices(path: str | Path | None = None) -> dict[str, Price]:
+    """Read the price table; {device_type: Price}. Malformed rows raise ValueError naming
+    file, line and column."""
+    path = Path(path) if path is not None else DEFAULT_PRICES
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames
+        if not header:
+            raise ValueError(f"{path}: line 1: empty file, expected header {','.join(COLUMNS)}")
+        header = [h.strip() for h in header]
+        for col in COLUMNS:
+            if col not in header:
+                raise _bad(path, 1, col, f"missing from header {','.join(header)}")
+        extra = [h for h in header if h not in COLUMNS]
+        if extra:
+            raise _bad(path, 1, extra[0], f"unknown column; expected {','.join(COLUMNS)}")
+        reader.fieldnames = header
+        prices: dict[str, Price] = {}
+        for row in reader:
+            line = reader.line_num
+            if None in row:  # more fields than header columns
+                raise _bad(path, line, "(extra)", f"{len(header) + len(row[None])} fields, "
+                                                  f"header has {len(header)}")
+            if all(not (v or "").strip() for v in row.values()):
+                continue  # blank line
+            price = _parse_row(path, line, row)
+            if price.device_type in prices:
+                raise _bad(path, line, "device_type", f"duplicate {price.device_type!r}")
+            prices[price.device_type] = price
+    if not prices:
+        raise ValueError(f"{path}: no price rows")
+    return prices
+
+
+def price_for(device_type: str, path: str | Path | None = None) -> Price:
+    """The Price of one device type; unknown types raise ValueError listing the known ones."""
+    prices = load_prices(path)
+    key = device_type.strip().lower()
+    if key not in prices:
+        raise ValueError(f"unknown device type {device_type!r}; known: {', '.join(sorted(prices))} "
+                         f"(in {Path(path) if path is not None else DEFAULT_PRICES})")
+    return prices[key]
+
+
+# ----------------------------------------------------------------------------------------- costs
+
+def _field(record: dict, key: str) -> float:
+    if key not in record:
+        raise ValueError(f"shard record {record.get('shard', '?')}: missing {key!r}")
+    try:
+        value = float(record[key])
+    except (TypeError, ValueError):
+        raise ValueError(f"shard record {record.get('shard', '?')}: {key}={record[key]!r} "
+                         "is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"shard record {record.get('shard', '?')}: {key}={record[key]!r} "
+                         "must be a finite number >= 0")
+    return value
+
+
+def shard_cost(record: dict, price: Price) -> dict:
+    """USD of one shard: its allocated device-seconds at the on-demand and the spot price."""
+    device_s = _field(record, "device_seconds_allocated")
+    spot = price.spot_usd_per_hour
+    return {"usd_on_demand": device_s * price.on_demand_usd_per_hour / 3600.0,
+            "usd_spot": None if spot is None else device_s * spot / 3600.0}
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return math.isclose(a, b, rel_tol=RECONCILE_RTOL, abs_tol=1e-15)
+
+
+def run_summary(records: list[dict], price: Price, wall_s: float) -> dict:
+    """Flat, JSON-able summary of a run from its shard records (see module docstring)."""
+    wall_s = float(wall_s)
+    if not math.isfinite(wall_s) or wall_s < 0:
+        raise ValueError(f"wall_s must be a finite number >= 0, got {wall_s!r}")
+    ok = failed = 0
+    dev_alloc = dev_busy = dev_load = 0.0
+    for r in records:
+        f = {k: _field(r, k) for k in RECORD_KEYS}
+        ok += int(f["ok"])
+        failed += int(f["failed"])
+        dev_alloc += f["device_seconds_allocated"]
+        dev_busy += f["device_seconds_busy"]
+        dev_load += f["load_s"] * f["devices"]
+
+    spot = price.spot_usd_per_hour
+    # Totals from summed device-seconds x price ...
+    usd_od = dev_alloc * price.on_demand_usd_per_hour / 3600.0
+    usd_spot = None if spot is None else dev_alloc * spot / 3600.0
+    # ... checked against the sum of per-shard costs.
+    per_shard = [shard_cost(r, price) for r in records]
+    sum_od = math.fsum(c["usd_on_demand"] for c in per_shard)
+    sum_spot = None if spot is None else math.fsum(c["usd_spot"] for c in per_shard)
+
+    utilization = _ratio(dev_busy, dev_alloc)
+    k_images = ok / 1000.0
+    return {
+        "shards": len(records),
+        "images_ok": ok,
+        "images_failed": failed,
+        "wall_s": wall_s,
+        "images_per_s": _ratio(ok, wall_s),
+        "images_per_s_per_device": _ratio(ok, dev_alloc),
+        "device_seconds_allocated": dev_alloc,
+        "device_seconds_busy": dev_busy,
+        "model_load_device_seconds": dev_load,
+        "utilization": utilization,
+        "overhead_share": None if utilization is None else 1.0 - utilization,
+        "usd_on_demand": usd_od,
+        "usd_spot": usd_spot,
+        "usd_per_1k_images_on_demand": _ratio(usd_od, k_images),
+        "usd_per_1k_images_spot": None if usd_spot is None else _ratio(usd_spot, k_images),
+        "price": dataclasses.asdict(price),
+        "reconciles": _close(sum_od, usd_od) and _close(sum_spot, usd_spot),
+    }
+
+
+# ---------------------------------------------------------------------------------------- tables
+
+def _num(v: float | None, fmt: str = ",.1f", suffix: str = "") -> str:
+    return "n/a" if v is None else f"{v:{fmt}}{suffix}"
+
+
+def _usd(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"${v:,.2f}" if abs(v) >= 1 else f"${v:.4g}"
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f} %"
+
+
+def cost_table(summary: dict) -> list[dict]:
+    """Rows {"metric", "value"} with readable values, for a Prefect table artifact or printing."""
+    p = summary["price"]
+    unit = p["unit"]
+    src = f"{p['source']} (as of {p['as_of']})"
+    rows = [
+        ("device", f"{p['device_type']} ({p['instance_type']}, {p['devices_per_instance']} "
+                   f"{unit}/instance)"),
+        ("shards", f"{summary['shards']:,}"),
+        ("images ok", f"{summary['images_ok']:,}"),
+        ("images failed", f"{summary['images_failed']:,}"),
+        ("wall time", _num(summary["wall_s"], ",.1f", " s")),
+        ("images/s", _num(summary["images_per_s"], ",.3f")),
+        (f"images/s per {unit}", _num(summary["images_per_s_per_device"], ",.3f")),
+        (f"{unit}-seconds allocated", _num(summary["device_seconds_allocated"])),
+        (f"{unit}-seconds busy", _num(summary["device_seconds_busy"])),
+        (f"model-load {unit}-seconds", _num(summary["model_load_device_seconds"])),
+        ("utilization", _pct(summary["utilization"])),
+        ("overhead share", _pct(summary["overhead_share"])),
+        ("cost on-demand", _usd(summary["usd_on_demand"])),
+        ("cost spot", _usd(summary["usd_spot"])),
+        ("$ per 1k images on-demand", _usd(summary["usd_per_1k_images_on_demand"])),
+        ("$ per 1k images spot", _usd(summary["usd_per_1k_images_spot"])),
+        (f"price on-demand per {unit}-hour", _usd(p["on_demand_usd_per_hour"])),
+        (f"price spot per {unit}-hour (typical)", _usd(p["spot_usd_per_hour"])),
+        ("price source", src),
+        ("per-shard costs reconcile", "yes" if summary["reconciles"] else "NO"),
+    ]
+    return [{"metric": m, "value": v} for m, v in rows]
+
+
+def render_cost_table(rows: list[dict]) -> str:
+    """Plain-text two-column rendering of `cost_table` rows."""
+    width = max((len(r["metric"]) for r in rows), default=0)
+    return "\n".join(f"{r['metric']:<{width}}  {r['value']}" for r in rows)

@@ -1,0 +1,287 @@
+"""Input discovery and validation: Parquet prompt files on any fsspec storage (local, S3, ...).
+
+`list_inputs` expands URLs (files, directories/prefixes, globs) into `InputFile`s using only each
+file's footer, and checks the schema up front so a bad input fails before any GPU work starts.
+`check_unique_prompt_ids` reads only the `prompt_id` column to reject duplicate ids (ids key outputs
+and resume). Rows without an id or seed get stable derived ones (`derive_prompt_id`, `derive_seed`).
+
+Error messages name the file and never include storage options (they may hold credentials).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+from dataclasses import dataclass
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+
+class InputError(ValueError):
+    """A problem with the inputs that retrying cannot fix; the message names the file (URL)."""
+
+
+@dataclass(frozen=True)
+class InputFile:
+    url: str                     # full fsspec URL incl. protocol, e.g. "s3://b/k.parquet", "file:///a/b.parquet"
+    num_rows: int
+    row_groups: tuple[int, ...]  # rows per row group, from the footer
+    size: int                    # bytes; a different size on resume means the input changed
+    has_prompt_id: bool
+    has_seed: bool
+
+
+_GLOB_CHARS = "*?["
+_DERIVED_ID = re.compile(r"^([0-9a-f]{10})-([0-9]{10})$")
+
+
+def derive_prompt_id(file_url: str, row: int) -> str:
+    """Stable id for a row without one. The protocol is dropped so s3:// and s3a:// agree."""
+    digest = hashlib.sha1(file_url.split("://", 1)[-1].encode()).hexdigest()[:10]
+    return f"{digest}-{row:010d}"
+
+
+def derive_seed(run_seed: int, prompt_id: str) -> int:
+    """Stable 63-bit seed for a row without one: first 8 bytes (big-endian) of sha256."""
+    digest = hashlib.sha256(f"{run_seed}:{prompt_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & ((1 << 63) - 1)
+
+
+def _secrets(options) -> list[str]:
+    """String values in storage options (recursively), longest first, to scrub from messages."""
+    found: list[str] = []
+    if isinstance(options, dict):
+        for v in options.values():
+            found += _secrets(v)
+    elif isinstance(options, (list, tuple)):
+        for v in options:
+            found += _secrets(v)
+    elif isinstance(options, str) and len(options) >= 4:  # shorter values would mangle messages
+        found.append(options)
+    return sorted(set(found), key=len, reverse=True)
+
+
+def _reason(exc: BaseException, storage_options: dict | None) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    for secret in _secrets(storage_options or {}):
+        text = text.replace(secret, "***")
+    return text if len(text) <= 400 else text[:400] + "..."
+
+
+def _url_to_fs(url: str, storage_options: dict | None):
+    try:
+        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except Exception as e:  # unknown protocol, missing driver, bad option: all permanent
+        raise InputError(f"cannot read {url}: {_reason(e, storage_options)}") from None
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _value_type(t: pa.DataType) -> pa.DataType:
+    # Dictionary-encoded columns (e.g. from pandas categoricals) are judged by their values.
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def _check_schema(url: str, schema: pa.Schema) -> tuple[bool, bool]:
+    names = schema.names
+    for name in ("prompt", "prompt_id", "seed"):
+        if names.count(name) > 1:
+            raise InputError(f"{url}: column {name!r} appears {names.count(name)} times")
+    if "prompt" not in names:
+        raise InputError(f"{url}: no 'prompt' column (columns: {', '.join(names) or 'none'})")
+    t = _value_type(schema.field("prompt").type)
+    if not _is_text(t):
+        raise InputError(f"{url}: column 'prompt' has type {t}; expected string (UTF-8 text)")
+    if "prompt_id" in names:
+        t = _value_type(schema.field("prompt_id").type)
+        if not (_is_text(t) or pa.types.is_integer(t)):
+            raise InputError(f"{url}: column 'prompt_id' has type {t}; expected string or integer")
+    if "seed" in names:
+        t = _value_type(schema.field("seed").type)
+        if not pa.types.is_integer(t):
+            raise InputError(f"{url}: column 'seed' has type {t}; expected integer")
+    return "prompt_id" in names, "seed" in names
+
+
+def _keep(root: str, path: str) -> bool:
+    """Directory expansion takes *.parquet and skips hidden/underscore entries (_SUCCESS, _temporary/)."""
+    rel = posixpath.relpath(path, root) if path != root else posixpath.basename(path)
+    parts = rel.split("/")
+    return path.lower().endswith(".parquet") and not any(p.startswith((".", "_")) for p in parts)
+
+
+def _expand(fs, path: str) -> dict[str, dict]:
+    """path -> info for every file the URL names; {} when nothing exists there."""
+    if any(c in path for c in _GLOB_CHARS):
+        out: dict[str, dict] = {}
+        for p, info in fs.glob(path, detail=True).items():
+            if info.get("type") == "directory":
+                out.update(_expand(fs, p))
+            elif not posixpath.basename(p).startswith((".", "_")):  # "data/*" must not take _SUCCESS
+                out[p] = info
+        return out
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        return {}
+    if info.get("type") != "directory":
+        return {path: info}
+    found = fs.find(path, detail=True, withdirs=False)
+    return {p: i for p, i in found.items() if _keep(path.rstrip("/"), p)}
+
+
+class _Tracked:
+    """File wrapper that remembers storage errors, which pyarrow would otherwise surface as the
+    same OSError it uses for a corrupt footer; we must tell "cannot read" from "not Parquet"."""
+
+    def __init__(self, f):
+        self._f, self.error = f, None
+
+    def _call(self, name: str, *args):
+        try:
+            return getattr(self._f, name)(*args)
+        except Exception as e:
+            self.error = e
+            raise
+
+    def read(self, n: int = -1):
+        return self._call("read", n)
+
+    def seek(self, offset: int, whence: int = 0):
+        return self._call("seek", offset, whence)
+
+    def tell(self):
+        return self._call("tell")
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _footer(fs, path: str, url: str, size: int, storage_options: dict | None) -> InputFile:
+    if size == 0:
+        raise InputError(f"{url}: not a Parquet file (file is empty, 0 bytes)")
+    try:
+        raw = fs.open(path, "rb")
+    except Exception as e:
+        raise InputError(f"cannot read {url}: {_reason(e, storage_options)}") from None
+    tracked = _Tracked(raw)
+    try:
+        pf = pq.ParquetFile(tracked)  # reads the footer only
+        md, schema = pf.metadata, pf.schema_arrow
+    except Exception as e:
+        if tracked.error is not None:
+            raise InputError(f"cannot read {url}: {_reason(tracked.error, storage_options)}") from None
+        raise InputError(f"{url}: not a Parquet file ({_reason(e, storage_options)})") from None
+    finally:
+        raw.close()
+    has_id, has_seed = _check_schema(url, schema)
+    row_groups = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
+    if sum(row_groups) != md.num_rows:
+        raise InputError(f"{url}: not a Parquet file (row groups hold {sum(row_groups)} rows, footer says {md.num_rows})")
+    return InputFile(url=url, num_rows=md.num_rows, row_groups=row_groups, size=size,
+                     has_prompt_id=has_id, has_seed=has_seed)
+
+
+def list_inputs(urls: list[str], storage_options: dict | None = None) -> list[InputFile]:
+    """Expand and validate input URLs; files sorted by URL, de-duplicated. Raises InputError."""
+    if isinstance(urls, str):
+        urls = [urls]
+    if not urls:
+        raise InputError("no input URLs given")
+    found: dict[str, tuple] = {}  # file URL -> (fs, path, size)
+    for url in urls:
+        fs, path = _url_to_fs(url, storage_options)
+        try:
+            infos = _expand(fs, path)
+        except Exception as e:
+            raise InputError(f"cannot read {url}: {_reason(e, storage_options)}") from None
+        if not infos:
+            raise InputError(f"{url}: no Parquet files matched")
+        for p, info in infos.items():
+            found.setdefault(fs.unstrip_protocol(p), (fs, p, int(info.get("size") or 0)))
+    return [_footer(fs, p, u, size, storage_options) for u, (fs, p, size) in sorted(found.items())]
+
+
+def prompt_ids_as_text(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """prompt_id column (string, integer or dictionary of them) as large_string; nulls kept."""
+    return pc.cast(column, pa.large_string())
+
+
+def check_unique_prompt_ids(files: list[InputFile], storage_options: dict | None = None) -> None:
+    """Raise InputError naming a duplicated prompt_id and two of its (file, row) occurrences."""
+    prefixes: dict[str, int] = {}
+    for i, f in enumerate(files):  # derived ids are unique only if the URL hashes are
+        j = prefixes.setdefault(derive_prompt_id(f.url, 0)[:10], i)
+        if j != i:
+            raise InputError(f"derived prompt_ids would collide: {files[j].url} and {f.url} hash alike; "
+                             "add a prompt_id column or rename one file")
+    if not any(f.has_prompt_id for f in files):
+        return
+    ids, owner, rows = [], [], []
+    null_rows: dict[int, set[int]] = {}  # rows whose id is null get derived ids too
+    for i, f in enumerate(files):
+        if not f.has_prompt_id or f.num_rows == 0:
+            continue
+        fs, path = _url_to_fs(f.url, storage_options)
+        try:
+            with fs.open(path, "rb") as fh:
+                col = prompt_ids_as_text(pq.ParquetFile(fh).read(columns=["prompt_id"]).column(0))
+        except Exception as e:
+            raise InputError(f"cannot read {f.url}: {_reason(e, storage_options)}") from None
+        if len(col) != f.num_rows:
+            raise InputError(f"{f.url}: file changed since it was listed ({len(col)} rows, expected {f.num_rows})")
+        if col.null_count:
+            null_rows[i] = set(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False)).tolist())
+        ids.append(col)
+        owner.append(np.full(f.num_rows, i, dtype=np.int32))
+        rows.append(np.arange(f.num_rows, dtype=np.int64))
+    if not ids:
+        return
+    table = pa.table({"id": pa.chunked_array([c for col in ids for c in col.chunks], pa.large_string()),
+                      "file": np.concatenate(owner), "row": np.concatenate(rows)}).drop_null()
+
+    # Sorting and comparing neighbours is several times faster than hash grouping on millions of ids.
+    ordered = table["id"].take(pc.sort_indices(table["id"])).combine_chunks()
+    same = pc.equal(ordered.slice(1), ordered.slice(0, max(len(ordered) - 1, 0)))
+    dup_ids = pc.unique(ordered.slice(1).filter(same))
+    if len(dup_ids):
+        # Filtering keeps file order, so the report is deterministic: the earliest duplicated id.
+        dups = table.filter(pc.is_in(table["id"], value_set=dup_ids))
+        first = dups["id"][0].as_py()
+        hits = dups.filter(pc.equal(dups["id"], first)).slice(0, 2).to_pylist()
+        a, b = hits
+        raise InputError(f"duplicate prompt_id {first!r}: {files[a['file']].url} row {a['row']} "
+                         f"and {files[b['file']].url} row {b['row']}")
+
+    # A given id can still equal an id we derive for a row without one; only pattern matches can.
+    derived_owner = {derive_prompt_id(f.url, 0)[:10]: i for i, f in enumerate(files)
+                     if not f.has_prompt_id or i in null_rows}
+    if not derived_owner:
+        return
+    suspects = table.filter(pc.match_substring_regex(table["id"], _DERIVED_ID.pattern))
+    for hit in suspects.to_pylist():
+        prefix, row = _DERIVED_ID.match(hit["id"]).groups()
+        j, row = derived_owner.get(prefix), int(row)
+        if j is None:
+            continue
+        f = files[j]
+        if (not f.has_prompt_id and row < f.num_rows) or row in null_rows.get(j, ()):
+            raise InputError(f"duplicate prompt_id {hit['id']!r}: {files[hit['file']].url} row {hit['row']} "
+                             f"and {f.url} row {row} (derived there because that row has no prompt_id)")

@@ -1,0 +1,192 @@
+"""The output layout of a run on any fsspec URL, and the commit protocol that makes a shard "done".
+
+    {out}/_config.json                                   run settings (no secrets); resume must match them
+    {out}/shards/{shard:06d}/attempt-{uuid}/images.parquet   one row per prompt: png bytes, token grid, ...
+    {out}/shards/{shard:06d}/attempt-{uuid}/stats.parquet    one row per prompt: status, error, forwards, ...
+    {out}/shards/{shard:06d}/_SUCCESS.json               commit marker, written last, create-only
+    {out}/manifest.parquet                               one row per committed shard (file URLs, rows, sha256)
+    {out}/summary.json                                   run totals and cost
+
+Data files go under attempt-unique keys, so a retry never overwrites what another attempt wrote (S3 has no
+rename, and a half-written object must never look done). The marker names the exact files, their row counts
+and SHA-256, and is written create-only: the first attempt to commit wins, later ones are garbage. Readers
+and resume trust only marked shards; `gc` deletes unmarked attempts at the end of a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import posixpath
+import uuid
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+CONFIG, MANIFEST, SUMMARY, MARKER = "_config.json", "manifest.parquet", "summary.json", "_SUCCESS.json"
+
+IMAGES_SCHEMA = pa.schema([
+    ("prompt_id", pa.string()), ("prompt", pa.string()), ("seed", pa.int64()), ("decoder", pa.string()),
+    ("model", pa.string()), ("png", pa.binary()), ("width", pa.int32()), ("height", pa.int32()),
+    ("grid_height", pa.int32()), ("grid_width", pa.int32()), ("tokens", pa.list_(pa.int32())),
+])
+STATS_SCHEMA = pa.schema([
+    ("prompt_id", pa.string()), ("status", pa.string()), ("error", pa.string()), ("decoder", pa.string()),
+    ("forwards", pa.int32()), ("acceptance_rate", pa.float64()), ("tokens_per_forward", pa.float64()),
+    ("tokens_per_forward_hist", pa.list_(pa.int32())), ("commit_map", pa.list_(pa.int8())),
+    ("grid_height", pa.int32()), ("grid_width", pa.int32()), ("mean_entropy", pa.float64()),
+    ("relaxed", pa.int32()), ("block_sizes", pa.list_(pa.int32())), ("rounds_per_block", pa.list_(pa.int32())),
+    ("latency_s", pa.float64()), ("device_seconds", pa.float64()),
+])
+
+
+class ConfigMismatch(ValueError):
+    """The output URL holds a run with other settings: resuming it would mix two runs."""
+
+
+class Output:
+    def __init__(self, url: str):
+        self.fs, root = fsspec.core.url_to_fs(url)
+        self.root = root.rstrip("/")
+        self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self.url = url
+
+    # paths ------------------------------------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        return posixpath.join(self.root, *parts)
+
+    def full_url(self, path: str) -> str:
+        return self.fs.unstrip_protocol(path)
+
+    def shard_dir(self, shard: int) -> str:
+        return self.path("shards", f"{shard:06d}")
+
+    def new_attempt(self, shard: int) -> str:
+        return posixpath.join(self.shard_dir(shard), f"attempt-{uuid.uuid4().hex[:12]}")
+
+    # run config -------------------------------------------------------------------------------------
+    def ensure_config(self, config: dict) -> None:
+        """Write the run config, or check that an existing one matches (resume). Raises ConfigMismatch."""
+        p = self.path(CONFIG)
+        if self.fs.exists(p):
+            old = json.loads(self.fs.cat_file(p))
+            diff = [k for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k)]
+            if diff:
+                k = diff[0]
+                raise ConfigMismatch(f"{self.full_url(p)}: this output holds a run with other settings "
+                                     f"({', '.join(diff)} differ; {k} was {old.get(k)!r}, now {config.get(k)!r}); "
+                                     "use a new --out, or the same settings to resume")
+            return
+        self.fs.makedirs(self.root, exist_ok=True)
+        self.fs.pipe_file(p, json.dumps(config, indent=1, sort_keys=True).encode())
+
+    def read_config(self) -> dict:
+        p = self.path(CONFIG)
+        if not self.fs.exists(p):
+            raise FileNotFoundError(f"{self.full_url(p)}: no ssdgen run here (no {CONFIG})")
+        return json.loads(self.fs.cat_file(p))
+
+    def _parent(self, path: str) -> None:
+        """Local file systems need the folder; object stores have no folders (and must not get buckets made)."""
+        if self.protocol in ("file", "local"):
+            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+
+    # data and commit --------------------------------------------------------------------------------
+    def write_table(self, path: str, table: pa.Table) -> dict:
+        """One PUT of a whole Parquet file; returns its record for the marker."""
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd")
+        data = buf.getvalue()
+        self._parent(path)
+        self.fs.pipe_file(path, data)
+        return {"path": posixpath.relpath(path, self.root), "rows": table.num_rows, "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest()}
+
+    def commit(self, shard: int, marker: dict) -> bool:
+        """Write the shard's marker create-only. False if another attempt committed first."""
+        p = posixpath.join(self.shard_dir(shard), MARKER)
+        data = json.dumps(marker, indent=1, sort_keys=True).encode()
+        self._parent(p)
+        try:
+            with self.fs.open(p, "xb") as f:
+                f.write(data)
+            return True
+        except FileExistsError:
+            return False
+        except (ValueError, NotImplementedError):  # a filesystem without create-only writes
+            if self.fs.exists(p):
+                return False
+            self.fs.pipe_file(p, data)
+            return True
+
+    def committed(self) -> dict[int, dict]:
+        """shard id -> marker, for every committed shard."""
+        paths = self.fs.glob(self.path("shards", "*", MARKER))
+        out = {}
+        for p, data in self.fs.cat(paths).items() if paths else []:
+            m = json.loads(data)
+            out[int(m["shard"])] = m
+        return out
+
+    def gc(self, committed: dict[int, dict]) -> int:
+        """Delete attempt folders that no marker names (crashed or losing attempts). Returns how many."""
+        keep = {posixpath.dirname(f["path"]) for m in committed.values() for f in m["files"]}
+        removed = 0
+        for d in self.fs.glob(self.path("shards", "*", "attempt-*")):
+            rel = posixpath.relpath(d, self.root)
+            shard = int(rel.split("/")[1])
+            if shard in committed and rel not in keep:
+                self.fs.rm(d, recursive=True)
+                removed += 1
+        return removed
+
+    def write_manifest(self, committed: dict[int, dict]) -> str:
+        rows = []
+        for sid in sorted(committed):
+            m = committed[sid]
+            files = {posixpath.basename(f["path"]).split(".")[0]: f for f in m["files"]}
+            rows.append({"shard": sid, "attempt": m["attempt"], "rows": m["rows"], "ok": m["ok"],
+                         "failed": m["failed"],
+                         "images_url": self.full_url(self.path(files["images"]["path"])),
+                         "stats_url": self.full_url(self.path(files["stats"]["path"])),
+                         "images_sha256": files["images"]["sha256"], "stats_sha256": files["stats"]["sha256"]})
+        table = pa.Table.from_pylist(rows, schema=pa.schema([
+            ("shard", pa.int64()), ("attempt", pa.string()), ("rows", pa.int64()), ("ok", pa.int64()),
+            ("failed", pa.int64()), ("images_url", pa.string()), ("stats_url", pa.string()),
+            ("images_sha256", pa.string()), ("stats_sha256", pa.string())]))
+        self.write_table(self.path(MANIFEST), table)
+        return self.full_url(self.path(MANIFEST))
+
+    def write_summary(self, summary: dict) -> str:
+        self._parent(self.path(SUMMARY))
+        self.fs.pipe_file(self.path(SUMMARY), json.dumps(summary, indent=1, sort_keys=True).encode())
+        return self.full_url(self.path(SUMMARY))
+
+
+def shard_tables(samples: list[dict], rows: list[dict], decoder: str, model: str) -> tuple[pa.Table, pa.Table]:
+    """Decoded samples (workers.decode_worker) + their input rows -> (images table, stats table)."""
+    img_rows, stat_rows = [], []
+    for r, s in zip(rows, samples):
+        grid = s["grid"] or [None, None]
+        img_rows.append({"prompt_id": r["prompt_id"], "prompt": r["prompt"], "seed": r["seed"], "decoder": decoder,
+                         "model": model, "png": s["png"], "width": s["width"], "height": s["height"],
+                         "grid_height": grid[0], "grid_width": grid[1], "tokens": s["tokens"]})
+        st = s["stats"] or {}
+        extra = st.get("extra", {})
+        stat_rows.append({
+            "prompt_id": r["prompt_id"], "status": s["status"], "error": s["error"], "decoder": decoder,
+            "forwards": st.get("forwards"), "acceptance_rate": st.get("acceptance_rate"),
+            "tokens_per_forward": st.get("tokens_per_forward"),
+            "tokens_per_forward_hist": st.get("tokens_per_forward_hist"), "commit_map": st.get("commit_map"),
+            "grid_height": grid[0], "grid_width": grid[1], "mean_entropy": st.get("mean_entropy"),
+            "relaxed": st.get("relaxed"), "block_sizes": _ints(extra.get("block_sizes")),
+            "rounds_per_block": _ints(extra.get("rounds_per_block")), "latency_s": s["latency_s"],
+            "device_seconds": s.get("device_seconds", 0.0)})
+    return (pa.Table.from_pylist(img_rows, schema=IMAGES_SCHEMA),
+            pa.Table.from_pylist(stat_rows, schema=STATS_SCHEMA))
+
+
+def _ints(x):
+    return None if x is None else [int(v) for v in x]

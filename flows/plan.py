@@ -1,0 +1,152 @@
+"""Shard planning and shard reading.
+
+`plan_shards` cuts the global row sequence (files in order, rows in order) into consecutive shards of
+exactly `shard_size` rows (the last may be shorter), img2dataset-style. It uses footer metadata only
+and is pure arithmetic, so the same inputs always give the same shards: a shard id is a stable unit of
+work and output across retries and resumes.
+
+`read_shard` reads one shard's rows, touching only the row groups that overlap it. Bad rows (null
+prompt, invalid UTF-8) come back as `Row`s with `error` set; they never fail the shard. Storage errors
+are raised as-is (OSError, ...) so the caller can retry them as transient.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass
+
+import fsspec
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from flows.inputs import InputError, InputFile, derive_prompt_id, derive_seed, prompt_ids_as_text
+
+
+@dataclass(frozen=True)
+class Piece:
+    file: int   # index into the planned files list
+    start: int  # first row, inclusive
+    stop: int   # last row, exclusive
+
+
+@dataclass(frozen=True)
+class Shard:
+    id: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(p.stop - p.start for p in self.pieces)
+
+    def to_dict(self) -> dict:
+        """JSON-able form, e.g. {"id": 3, "pieces": [[0, 3000, 3500], [1, 0, 500]]}."""
+        return {"id": self.id, "pieces": [[p.file, p.start, p.stop] for p in self.pieces]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Shard":
+        return cls(id=int(d["id"]), pieces=tuple(Piece(int(f), int(a), int(b)) for f, a, b in d["pieces"]))
+
+
+def plan_shards(files: list[InputFile], shard_size: int) -> list[Shard]:
+    """Consecutive shards of `shard_size` rows over all files; a shard may span files.
+
+    Files with 0 rows contribute no pieces. Cost is O(shards + files), never per row.
+    """
+    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
+        raise ValueError(f"shard_size must be a positive integer, got {shard_size!r}")
+    shards: list[Shard] = []
+    pieces: list[Piece] = []
+    need = shard_size  # rows still missing from the shard being built
+    for index, f in enumerate(files):
+        pos = 0
+        while pos < f.num_rows:
+            take = min(need, f.num_rows - pos)
+            pieces.append(Piece(index, pos, pos + take))
+            pos += take
+            need -= take
+            if need == 0:
+                shards.append(Shard(len(shards), tuple(pieces)))
+                pieces, need = [], shard_size
+    if pieces:
+        shards.append(Shard(len(shards), tuple(pieces)))
+    return shards
+
+
+@dataclass
+class Row:
+    prompt_id: str
+    prompt: str | None  # None when the row is bad
+    seed: int
+    error: str | None   # per-row problem; the row becomes an error row downstream, the shard goes on
+
+
+def _read_piece(f: InputFile, piece: Piece, storage_options: dict | None) -> pa.Table:
+    """Rows [start, stop) of one file, reading only the overlapping row groups and our columns."""
+    if not 0 <= piece.start <= piece.stop <= f.num_rows:
+        raise ValueError(f"{f.url}: piece rows [{piece.start}, {piece.stop}) outside 0..{f.num_rows}")
+    fs, path = fsspec.core.url_to_fs(f.url, **(storage_options or {}))
+    offsets = list(itertools.accumulate(f.row_groups, initial=0))
+    first = bisect.bisect_right(offsets, piece.start) - 1
+    last = bisect.bisect_left(offsets, piece.stop) - 1  # last group holding row stop-1
+    with fs.open(path, "rb") as fh:
+        pf = pq.ParquetFile(fh)
+        md = pf.metadata
+        found = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
+        if found != f.row_groups:
+            # Rows would silently shift; retrying cannot help, so this is not an OSError.
+            raise InputError(f"{f.url}: file changed since it was listed "
+                             f"({md.num_rows} rows in {len(found)} row groups, expected {f.num_rows} in {len(f.row_groups)})")
+        columns = [c for c in ("prompt", "prompt_id", "seed") if c in pf.schema_arrow.names]
+        table = pf.read_row_groups(list(range(first, last + 1)), columns=columns)
+    return table.slice(piece.start - offsets[first], piece.stop - piece.start)
+
+
+def _as_bytes(column: pa.ChunkedArray) -> list[bytes | None]:
+    # Casting string -> binary skips UTF-8 validation, so each value can be decoded (and fail) alone.
+    target = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
+    if pa.types.is_dictionary(column.type) or pa.types.is_string_view(column.type):
+        column, target = pc.cast(column, pa.large_string()), pa.large_binary()
+    return pc.cast(column, target).to_pylist()
+
+
+def _decode(value: bytes, name: str) -> tuple[str, str | None]:
+    try:
+        return value.decode("utf-8"), None
+    except UnicodeDecodeError as e:
+        # The id must still be a string; backslash escapes keep it readable in error rows.
+        return value.decode("utf-8", "backslashreplace"), f"{name} is not valid UTF-8 (byte {e.start})"
+
+
+def read_shard(files: list[InputFile], shard: Shard, run_seed: int,
+               storage_options: dict | None = None) -> list[Row]:
+    """The shard's rows in order. prompt_id: the column's value as text, else derived from (file, row).
+    seed: the column's value, else derive_seed(run_seed, prompt_id); a null seed or null prompt_id is
+    derived the same way (a null is "not given", not an error)."""
+    out: list[Row] = []
+    for piece in shard.pieces:
+        f = files[piece.file]
+        if piece.start == piece.stop:
+            continue
+        table = _read_piece(f, piece, storage_options)
+        n = piece.stop - piece.start
+        prompts = _as_bytes(table.column("prompt"))
+        ids = _as_bytes(prompt_ids_as_text(table.column("prompt_id"))) if f.has_prompt_id else [None] * n
+        seeds = table.column("seed").to_pylist() if f.has_seed else [None] * n
+        for k in range(n):
+            errors = []
+            if ids[k] is None:
+                prompt_id = derive_prompt_id(f.url, piece.start + k)
+            else:
+                prompt_id, err = _decode(ids[k], "prompt_id")
+                errors += [err] if err else []
+            if prompts[k] is None:
+                prompt, err = None, "prompt is null"
+            else:
+                prompt, err = _decode(prompts[k], "prompt")
+                prompt = None if err else prompt
+            errors += [err] if err else []
+            seed = seeds[k] if seeds[k] is not None else derive_seed(run_seed, prompt_id)
+            out.append(Row(prompt_id=prompt_id, prompt=prompt, seed=seed, error="; ".join(errors) or None))
+    return out

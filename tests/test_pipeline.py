@@ -1,0 +1,206 @@
+"""The generation pipeline end to end with real parts: moto's S3 server, a local Ray, Prefect's test server,
+and the bundled reference model. Fault injection: actor kills, storage errors, a flow crash between shards."""
+
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from reference.prompts import eval_prompts
+
+pytestmark = pytest.mark.usefixtures("prefect_server", "local_ray")
+
+SCHEMA = pa.schema([("prompt_id", pa.string()), ("prompt", pa.string())])
+
+
+def _write(fs, path, rows, schema=SCHEMA):
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), buf)
+    if fs is None:
+        with open(path, "wb") as f:
+            f.write(buf.getvalue())
+    else:
+        fs.pipe_file(path, buf.getvalue())
+
+
+def _prompts(n, start=0):
+    return [{"prompt_id": r["prompt_id"], "prompt": r["prompt"]} for r in eval_prompts(start + n)[start:]]
+
+
+def _committed(out_url):
+    """Read the committed output the way a user would: the manifest, then plain pyarrow."""
+    import fsspec
+    fs, root = fsspec.core.url_to_fs(out_url)
+    man = pq.read_table(fs.open(f"{root}/manifest.parquet", "rb")).to_pylist()
+    images = [pq.read_table(fs.open(m["images_url"], "rb")) for m in man]
+    stats = [pq.read_table(fs.open(m["stats_url"], "rb")) for m in man]
+    return pa.concat_tables(images), pa.concat_tables(stats)
+
+
+def _run(**kw):
+    from flows.pipeline import generate
+    base = dict(decoder="ar", batch_size=16, shard_size=32, actors=2, progress=False)
+    return generate(**(base | kw))
+
+
+@pytest.mark.slow
+def test_s3_run_exactly_once_and_faults_reproduce_images(s3, tmp_path):
+    rows = _prompts(256)
+    _write(s3, "ssdgen-test/in/part-0.parquet", rows[:128])
+    _write(s3, "ssdgen-test/in/part-1.parquet", rows[128:])
+    clean = _run(prompts=["s3://ssdgen-test/in/"], out="s3://ssdgen-test/clean")
+    assert clean["images_ok"] == 256 and clean["shards_committed"] == 8 and clean["reconciles"]
+    faults = {"dir": str(tmp_path), "kill": {"1": 1, "4": 0, "6": 1}, "storage_errors": 5}
+    faulty = _run(prompts=["s3://ssdgen-test/in/"], out="s3://ssdgen-test/faulty", faults=faults)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kill-1", "kill-4", "kill-6"]  # the kills happened
+    assert faulty["images_ok"] == 256 and faulty["shards_committed"] == 8
+    a, _ = _committed("s3://ssdgen-test/clean")
+    b, stats = _committed("s3://ssdgen-test/faulty")
+    ids = b.column("prompt_id").to_pylist()
+    assert sorted(ids) == sorted(r["prompt_id"] for r in rows) and len(set(ids)) == 256  # each exactly once
+    png_a = dict(zip(a.column("prompt_id").to_pylist(), a.column("png").to_pylist()))
+    png_b = dict(zip(ids, b.column("png").to_pylist()))
+    assert png_a == png_b  # byte-identical despite 3 actor deaths and 5 storage errors
+    assert set(stats.column("status").to_pylist()) == {"ok"}
+    # no uncommitted attempt survives the run's garbage collection
+    assert len(s3.glob("ssdgen-test/faulty/shards/*/attempt-*")) == 8
+
+
+def test_flow_crash_between_shards_then_resume_runs_only_missing(tmp_path):
+    from flows.pipeline import FlowCrash
+    src = tmp_path / "prompts.parquet"
+    rows = _prompts(24)
+    _write(None, src, rows)
+    out = str(tmp_path / "run")
+    with pytest.raises(FlowCrash):
+        _run(prompts=[str(src)], out=out, shard_size=4, batch_size=4, actors=1, faults={"crash_after_commits": 2})
+    from flows.layout import Output
+    first = set(Output(out).committed())
+    assert 2 <= len(first) < 6
+    again = _run(prompts=[str(src)], out=out, shard_size=4, batch_size=4, actors=1)
+    assert again["shards_run_now"] == 6 - len(first) and again["shards_committed"] == 6
+    images, _ = _committed(out)
+    assert sorted(images.column("prompt_id").to_pylist()) == sorted(r["prompt_id"] for r in rows)
+    # a third run has nothing to do and changes nothing
+    third = _run(prompts=[str(src)], out=out, shard_size=4, batch_size=4, actors=1)
+    assert third["shards_run_now"] == 0 and third["images_ok"] == 24
+
+
+def test_bad_rows_become_error_rows_and_the_shard_commits(tmp_path):
+    src = tmp_path / "p.parquet"
+    good = _prompts(2)
+    rows = good + [{"prompt_id": "null", "prompt": None},
+                   {"prompt_id": "unknown-words", "prompt": "a large red zeppelin at the center on a flat gray background"},
+                   {"prompt_id": "huge", "prompt": "a " * 50_000}]
+    _write(None, src, rows)
+    s = _run(prompts=[str(src)], out=str(tmp_path / "run"), shard_size=8, batch_size=8, actors=1)
+    assert s["images_ok"] == 2 and s["images_failed"] == 3 and s["shards_committed"] == 1
+    images, stats = _committed(str(tmp_path / "run"))
+    st = {r["prompt_id"]: r for r in stats.to_pylist()}
+    assert st["null"]["status"] == "error" and "null" in st["null"]["error"]
+    assert "zeppelin" in st["unknown-words"]["error"]
+    assert st["huge"]["status"] == "error" and "token" in st["huge"]["error"]
+    assert all(st[r["prompt_id"]]["status"] == "ok" and st[r["prompt_id"]]["forwards"] == 256 for r in good)
+    png = {r["prompt_id"]: r["png"] for r in images.to_pylist()}
+    assert png["null"] is None and png[good[0]["prompt_id"]][:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_input_errors_name_the_file_and_commit_nothing(tmp_path, s3):
+    from flows.inputs import InputError
+    bad = tmp_path / "bad.parquet"
+    _write(None, bad, [{"text": "a"}], pa.schema([("text", pa.string())]))
+    with pytest.raises(InputError, match=r"bad\.parquet.*prompt"):
+        _run(prompts=[str(bad)], out=str(tmp_path / "r1"))
+    dup = tmp_path / "dup.parquet"
+    _write(None, dup, [{"prompt_id": "x", "prompt": "a red circle"}, {"prompt_id": "x", "prompt": "a red circle"}])
+    with pytest.raises(InputError, match="duplicate"):
+        _run(prompts=[str(dup)], out=str(tmp_path / "r2"))
+    with pytest.raises(InputError, match="no-such-bucket"):
+        _run(prompts=["s3://no-such-bucket/prompts/"], out=str(tmp_path / "r3"))
+    for r in ("r1", "r2", "r3"):
+        assert not (tmp_path / r / "shards").exists()
+
+
+def test_bad_credentials_get_a_clear_error_without_the_secret(s3, tmp_path, monkeypatch):
+    import moto.settings
+    import s3fs
+    from flows.inputs import InputError
+    _write(s3, "ssdgen-test/in/p.parquet", _prompts(2))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-4c1b9")
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # moto now checks signatures
+    s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(InputError) as e:
+        _run(prompts=["s3://ssdgen-test/in/"], out=str(tmp_path / "r"))
+    assert "s3://ssdgen-test/in" in str(e.value) and "wrong-secret-4c1b9" not in str(e.value)
+
+
+def test_credentials_never_appear_in_logs_artifacts_or_outputs(s3, tmp_path, monkeypatch, capfd, caplog):
+    import s3fs
+    secret, key_id = "sEcReT-value-91f3c7a2", "AKIDSSDGENLEAKCHECK7"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem()
+    _write(fs, "ssdgen-test/in/p.parquet", _prompts(4) + [{"prompt_id": "bad", "prompt": None}])
+    s = _run(prompts=["s3://ssdgen-test/in/"], out="s3://ssdgen-test/run", shard_size=8, batch_size=8, actors=1,
+             progress=True)
+    assert s["images_ok"] == 4
+    blobs = [fs.cat_file(p) for p in fs.find("ssdgen-test/run")]
+    blobs.append(json.dumps(s).encode())
+    out, err = capfd.readouterr()
+    blobs += [out.encode(), err.encode(), caplog.text.encode()]
+    blobs += _artifact_texts()
+    for needle in (secret, key_id):
+        assert not any(needle.encode() in b for b in blobs), needle
+
+
+def _artifact_texts() -> list[bytes]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    with get_client(sync_client=True) as c:
+        arts = c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["ssdgen-cost",
+                                                                                            "ssdgen-failures"])))
+    assert arts, "the run published its artifacts"
+    return [json.dumps(a.data).encode() for a in arts]
+
+
+def test_resume_with_other_settings_is_refused(tmp_path):
+    from flows.layout import ConfigMismatch
+    src = tmp_path / "p.parquet"
+    _write(None, src, _prompts(2))
+    _run(prompts=[str(src)], out=str(tmp_path / "run"), shard_size=2, batch_size=2, actors=1)
+    with pytest.raises(ConfigMismatch, match="top_k"):
+        _run(prompts=[str(src)], out=str(tmp_path / "run"), shard_size=2, batch_size=2, actors=1, top_k=5)
+
+
+def test_output_reads_with_pandas_polars_duckdb_and_ray_data(tmp_path):
+    import duckdb
+    import pandas as pd
+    import polars as pl
+    import ray
+    src = tmp_path / "p.parquet"
+    _write(None, src, _prompts(6))
+    out = tmp_path / "run"
+    _run(prompts=[str(src)], out=str(out), shard_size=3, batch_size=3, actors=2)
+    man = pd.read_parquet(out / "manifest.parquet")
+    paths = [u.removeprefix("file://") for u in man.images_url]
+    assert len(pd.concat([pd.read_parquet(p) for p in paths])) == 6
+    assert pl.read_parquet(str(out / "shards/*/attempt-*/images.parquet")).height == 6
+    assert duckdb.sql(f"select count(*) from read_parquet('{out}/shards/*/attempt-*/stats.parquet') "
+                      "where status = 'ok'").fetchall()[0][0] == 6
+    assert ray.data.read_parquet([u.removeprefix("file://") for u in man.stats_url]).count() == 6
+    st = pd.read_parquet(paths[0].replace("images.parquet", "stats.parquet"))
+    assert len(st.commit_map[0]) == 256 and st.forwards[0] == 256
+
+
+def test_status_reports_done_pending_and_cost(tmp_path):
+    from flows.pipeline import run_status
+    src = tmp_path / "p.parquet"
+    _write(None, src, _prompts(4))
+    out = str(tmp_path / "run")
+    s = _run(prompts=[str(src)], out=out, shard_size=2, batch_size=2, actors=1)
+    st = run_status(out)
+    assert (st["shards_done"], st["shards_pending"], st["images_ok"]) == (2, 0, 4)
+    assert st["cost"]["usd_on_demand"] == pytest.approx(s["usd_on_demand"])

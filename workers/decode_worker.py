@@ -1,0 +1,155 @@
+"""The Ray actor that decodes: it loads the model, its heads and the decoder config once, then decodes batches.
+
+Ray Data's callable-class pattern, held by hand: `__init__` does the expensive load, `decode` does the work.
+It is a plain class; the flow wraps it with `ray.remote(...).options(num_cpus=, num_gpus=, max_restarts=-1)`,
+so a crashed actor is restarted (and reloads) by Ray. The actor does no storage I/O: it takes prompt rows
+and returns PNG bytes, token grids and statistics, so the flow that owns the output layout decides what is
+committed.
+
+Per-sample failures never fail the batch: a row that arrives with an error, a prompt the model rejects, or a
+sample whose decoding raises becomes an error row. The batch is decoded together (one decoder call) when it
+can be; only if that call raises are the samples retried one by one to isolate the culprit.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    model: str = "reference"
+    decoder: str = "ar"
+    params: dict = field(default_factory=dict)
+    cfg_scale: float = 3.0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    threads: int = 1  # torch intra-op threads per actor (CPU): actors × threads should match the cores
+
+    def sampling(self):
+        from decoders.sampling import SamplingConfig
+        return SamplingConfig(cfg_scale=self.cfg_scale, temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p)
+
+
+def _fault_token(fault_dir: str, name: str) -> bool:
+    """Consume a one-shot fault token (create-exclusive), so an injected fault fires once across restarts."""
+    try:
+        os.close(os.open(os.path.join(fault_dir, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def png_bytes(img: np.ndarray) -> bytes:
+    """Deterministic PNG bytes (fixed compression level, no metadata), so a retried shard is byte-identical."""
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="PNG", compress_level=6)
+    return buf.getvalue()
+
+
+class DecodeWorker:
+    def __init__(self, spec: dict, faults: dict | None = None):
+        import torch
+        t0 = time.perf_counter()
+        self.spec = WorkerSpec(**spec)
+        self.faults = faults or {}
+        torch.set_num_threads(self.spec.threads)
+        self.device = "cpu"
+        try:
+            import ray
+            if ray.is_initialized() and ray.get_gpu_ids() and torch.cuda.is_available():
+                self.device = "cuda"  # Ray sets CUDA_VISIBLE_DEVICES to the GPUs it assigned this actor
+        except ImportError:
+            pass
+        from decoders import decoder_config, load_heads
+        from workers.models import load_model
+        decoder_config(self.spec.decoder, self.spec.params)  # a config error fails here, before the long load
+        self.model = load_model(self.spec.model, device=self.device)
+        if self.spec.decoder.startswith("ssd"):
+            load_heads(self.model, self.spec.params.get("heads"))
+        self.sc = self.spec.sampling()
+        self.load_s = time.perf_counter() - t0
+        self.reported_load = False
+
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "device": self.device, "load_s": self.load_s, "model": self.model.name,
+                "threads": self.spec.threads}
+
+    def take_load_seconds(self) -> float:
+        """This incarnation's model-load time, reported once (so it is charged to exactly one shard)."""
+        if self.reported_load:
+            return 0.0
+        self.reported_load = True
+        return self.load_s
+
+    def _sync(self):
+        if self.device == "cuda":
+            import torch
+            torch.cuda.synchronize()
+
+    def _decode(self, prompts: list[str], seeds: list[int]):
+        from decoders import decode
+        res = decode(self.spec.decoder, self.model, prompts, seeds, self.sc, dict(self.spec.params))
+        images = self.model.decode_images(res.tokens).numpy()
+        return res.tokens.cpu().numpy(), images, res.stats
+
+    def decode(self, rows: list[dict], tag: dict | None = None) -> dict:
+        """rows: [{prompt_id, prompt, seed, error}] -> {"samples": [...], "busy_s": float}.
+
+        Each sample: prompt_id, status ("ok" | "error"), error, png, width, height, tokens, stats (a flat
+        dict, see decoders.stats.SampleStats.to_row), latency_s."""
+        tag = tag or {}
+        t0 = time.perf_counter()
+        kill = self.faults.get("kill", {})
+        if str(tag.get("shard")) in kill and tag.get("batch") == kill[str(tag.get("shard"))] \
+                and _fault_token(self.faults["dir"], f"kill-{tag['shard']}"):
+            os._exit(1)  # injected crash: the process dies with the batch in flight
+        out: dict[str, dict] = {}
+        good = []
+        for r in rows:
+            if r.get("error"):
+                out[r["prompt_id"]] = _error(r, r["error"])
+                continue
+            try:
+                self.model.validate_prompts([r["prompt"]])
+                good.append(r)
+            except ValueError as e:  # CaptionError and friends: a bad prompt, not a bad batch
+                out[r["prompt_id"]] = _error(r, f"invalid prompt: {str(e).removeprefix('prompt 0: ')}")
+        groups = [good] if good else []
+        try:
+            for g in groups:
+                self._decode_group(g, out)
+        except Exception:  # noqa: BLE001 - isolate the failing sample(s) by decoding one at a time
+            for r in good:
+                out.pop(r["prompt_id"], None)
+                try:
+                    self._decode_group([r], out)
+                except Exception as e:  # noqa: BLE001
+                    out[r["prompt_id"]] = _error(r, f"decoding failed: {type(e).__name__}: {e}")
+        self._sync()
+        return {"samples": [out[r["prompt_id"]] for r in rows], "busy_s": time.perf_counter() - t0}
+
+    def _decode_group(self, group: list[dict], out: dict) -> None:
+        t0 = time.perf_counter()
+        tokens, images, stats = self._decode([r["prompt"] for r in group], [int(r["seed"]) for r in group])
+        self._sync()
+        per = (time.perf_counter() - t0) / len(group)
+        for r, tok, img, st in zip(group, tokens, images, stats):
+            row = st.to_row()
+            out[r["prompt_id"]] = {
+                "prompt_id": r["prompt_id"], "status": "ok", "error": None, "png": png_bytes(img),
+                "width": int(img.shape[1]), "height": int(img.shape[0]), "tokens": tok.astype(np.int32).tolist(),
+                "grid": list(st.commit_map.shape), "stats": row, "latency_s": per}
+
+
+def _error(row: dict, message: str) -> dict:
+    return {"prompt_id": row["prompt_id"], "status": "error", "error": message, "png": None, "width": None,
+            "height": None, "tokens": None, "grid": None, "stats": None, "latency_s": 0.0}

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .ar import decode_ar
 from .protocol import ImageTokenModel, check_request
 from .sampling import SamplingConfig, make_generators, processed_probs, sample_from, uniforms
 from .ssd_heads import SpatialHeads
@@ -57,19 +58,25 @@ class SSDConfig:
             raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0)")
 
 
+def budget_rows(cfg: SSDConfig, batch: int, W: int) -> int:
+    """Rows per sample that the batch's token budget allows (0: the batch alone fills the device)."""
+    return cfg.token_budget // max(1, batch * W) if cfg.token_budget else cfg.max_rows
+
+
 class AdaptivePolicy:
     """Rows drafted per block, per sample, bounded to [1, cap]:
       - content: after a block whose drafts were mostly kept (>= 75% of the block exact or accepted before
         the last round) and whose target entropy was low (mean normalised entropy < 0.5: smooth content),
         draft one more row; after a block with < 40% kept, or high entropy, one fewer;
       - compute headroom: cap = min(max_rows, token_budget // (batch * W)) when a budget is set, so a big
-        batch, which already fills the device, speculates less (at batch 64 on a CPU, one row).
+        batch, which already fills the device, speculates less; when not even one row per sample fits
+        (cap 0), `decode_ssd` decodes the batch as plain AR, which is what a full device does best.
     The rows chosen are recorded per block in the statistics (block_sizes)."""
 
     def __init__(self, cfg: SSDConfig, batch: int, W: int):
         cap = cfg.max_rows if cfg.adaptive else cfg.rows
         if cfg.token_budget:
-            cap = max(1, min(cap, cfg.token_budget // max(1, batch * W)))
+            cap = max(1, min(cap, budget_rows(cfg, batch, W)))
         self.cap, self.adaptive = cap, cfg.adaptive
         self.rows = torch.full((batch,), min(cfg.rows, cap), dtype=torch.long)
 
@@ -139,6 +146,11 @@ class _Drafter:
 def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
                heads: SpatialHeads, cfg: SSDConfig = SSDConfig()) -> DecodeResult:
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
+    if budget_rows(cfg, len(prompts), model.grid[1]) == 0:
+        res = decode_ar(model, prompts, seeds, sc)  # no headroom: speculation would only add work
+        for st in res.stats:
+            st.extra = {"block_sizes": [], "rounds_per_block": [], "policy": "ar: batch fills the token budget"}
+        return res
     t0 = time.perf_counter()
     gens = make_generators(seeds)
     B, (H, W) = len(prompts), model.grid

@@ -5,11 +5,22 @@ tokens per forward, seconds per image, images/s); `speedup_vs_ar` is the ratio t
 batch size, measured in the same run. Quality: `quality_n` eval prompts decoded batched, scored for
 scene and object accuracy and FD against real renders.
 
+Cost: `usd_per_1k_images` = device-seconds per image x on-demand $ per device-hour / 3600 x 1000, from the
+`--device-type` row of `infra/prices.csv` (`flows.cost.price_for`). A device is what the row prices: on a CPU
+type a vCPU, and the bench is billed `torch.get_num_threads()` of them; on a GPU type, one GPU.
+
+Forward accounting (for `flows.projection`): every `start` (prefill) and `step` (one forward) the decoder
+makes is counted, with the rows it fed (CFG doubles them) and the query tokens per row, so a row also
+carries `forwards_per_batch` (prefill included), `rows_per_forward`, `tokens_fed_per_forward` and
+`prefill_tokens_per_image`. On CUDA the clock reads after a device synchronize, and one untimed warm-up
+decode per decoder runs first.
+
 Decoder specs are `name` or `name:key=value:key=value`, e.g. `csd:lam=0.5:delta=0.3`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import platform
 import time
@@ -48,47 +59,164 @@ def _label(name: str, params: dict) -> str:
     return name + "".join(f":{k}={v}" for k, v in params.items())
 
 
+class ForwardCounter:
+    """Counts the model calls a decoder makes: prefills (`start`) and forwards (`step`), with the rows fed
+    (CFG's doubled batch included) and the query tokens per row. Wraps the instance's methods while active."""
+
+    def __init__(self, model):
+        self.model = model
+        self.prefills = self.prefill_tokens = self.steps = self.step_rows = self.step_tokens = 0
+
+    def __enter__(self):
+        m = self.model
+        self._saved = {k: m.__dict__[k] for k in ("start", "step") if k in m.__dict__}
+        start, step = m.start, m.step
+
+        def counted_start(prompts, use_cfg):
+            out = start(prompts, use_cfg)
+            self.prefills += 1
+            rows = len(prompts) * (2 if use_cfg else 1)
+            self.prefill_tokens += rows * _prompt_len(m)
+            self._cfg_factor = 2 if use_cfg else 1
+            return out
+
+        def counted_step(tokens, index):
+            self.steps += 1
+            f = getattr(self, "_cfg_factor", 1)
+            self.step_rows += tokens.shape[0] * f
+            self.step_tokens += tokens.numel() * f
+            return step(tokens, index)
+
+        m.start, m.step = counted_start, counted_step
+        return self
+
+    def __exit__(self, *exc):
+        m = self.model
+        for k in ("start", "step"):
+            if k in self._saved:
+                setattr(m, k, self._saved[k])
+            else:
+                m.__dict__.pop(k, None)
+        return False
+
+
+def _prompt_len(model) -> int:
+    g = getattr(getattr(model, "gpt", None), "cfg", None)
+    return int(getattr(g, "caption_len", 0) or 0)
+
+
+def _sync(model) -> None:
+    dev = getattr(model, "device", None)
+    if dev is not None and torch.device(dev).type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def speed_row(model, name: str, params: dict, prompts: list[str], seeds: list[int], batch_size: int,
               sc: SamplingConfig) -> dict:
     forwards, committed, latencies = [], [], []
-    t0 = time.perf_counter()
-    for i in range(0, len(prompts), batch_size):
-        tb = time.perf_counter()
-        res = decode(name, model, prompts[i:i + batch_size], seeds[i:i + batch_size], sc, params)
-        latencies += [time.perf_counter() - tb] * len(res.stats)  # a sample is done when its batch is
-        forwards += [s.forwards for s in res.stats]
-        committed += [s.tokens_per_forward for s in res.stats]
-    secs = time.perf_counter() - t0
+    batches = 0
+    with ForwardCounter(model) as fc:
+        _sync(model)
+        t0 = time.perf_counter()
+        for i in range(0, len(prompts), batch_size):
+            tb = time.perf_counter()
+            res = decode(name, model, prompts[i:i + batch_size], seeds[i:i + batch_size], sc, params)
+            _sync(model)
+            latencies += [time.perf_counter() - tb] * len(res.stats)  # a sample is done when its batch is
+            forwards += [s.forwards for s in res.stats]
+            committed += [s.tokens_per_forward for s in res.stats]
+            batches += 1
+        secs = time.perf_counter() - t0
     return {"decoder": _label(name, params), "params": params, "batch_size": batch_size, "n": len(prompts),
             "forwards_per_image": float(np.mean(forwards)), "tokens_per_forward": float(np.mean(committed)),
             "seconds_per_image": secs / len(prompts), "images_per_s": len(prompts) / secs,
-            "latency_p50_s": float(np.percentile(latencies, 50)), "latency_p90_s": float(np.percentile(latencies, 90))}
+            "latency_p50_s": float(np.percentile(latencies, 50)), "latency_p90_s": float(np.percentile(latencies, 90)),
+            # model calls, for flows.projection (a batch runs as long as its slowest sample): forwards per
+            # batch with the prefill, as forwards_per_image counts it; rows and tokens per step forward
+            "batches": batches, "forwards_per_batch": (fc.prefills + fc.steps) / batches,
+            "rows_per_forward": fc.step_rows / max(1, fc.steps),
+            "tokens_fed_per_forward": fc.step_tokens / max(1, fc.step_rows),
+            "prefill_tokens_per_image": fc.prefill_tokens / len(prompts)}
+
+
+def model_info(model) -> dict:
+    """Sizes the projection needs, where the model exposes them (the reference model does)."""
+    info: dict = {"grid": list(getattr(model, "grid", ()) or ())}
+    gpt = getattr(model, "gpt", None)
+    if gpt is not None:
+        g = gpt.cfg
+        p = next(gpt.parameters())
+        info |= {"params": int(sum(t.numel() for t in gpt.parameters())), "layers": g.n_layers, "dim": g.dim,
+                 "kv_dim": g.dim, "prompt_len": g.caption_len, "bytes_per_param": p.element_size()}
+    return info
+
+
+def resolve_device(device: str, device_type: str):
+    """(torch device, Price, devices billed). Rejects a device type that does not price this device."""
+    from flows.cost import price_for
+    price = price_for(device_type)  # unknown types: ValueError listing the known ones
+    dev = torch.device(device)  # a malformed device string raises RuntimeError
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine (torch {torch.__version__})")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda[:N], got {device!r}")
+    if price.unit == "gpu" and dev.type != "cuda":
+        raise ValueError(f"device type {price.device_type!r} is priced per GPU but the bench runs on {device}; "
+                         "pass --device cuda, or --device-type cpu")
+    if price.unit == "vcpu" and dev.type == "cuda":
+        raise ValueError(f"device type {price.device_type!r} is priced per vCPU but the bench runs on {device}; "
+                         "pass the GPU's --device-type (e.g. l4, h100)")
+    devices = torch.get_num_threads() if price.unit == "vcpu" else 1
+    return dev, price, devices
+
+
+def device_label(dev) -> str:
+    if torch.device(dev).type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(dev)}, torch {torch.__version__})"
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def check_args(specs: list[str], batch_sizes: list[int]) -> None:
+    if not specs:
+        raise ValueError("--decoders is empty: name at least one decoder, e.g. ar,sjd,csd")
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise ValueError(f"--batch-sizes must be integers >= 1, got {batch_sizes}")
 
 
 def bench(model, specs: list[str], n: int, batch_sizes: list[int], quality_n: int, sc: SamplingConfig,
-          quality_batch: int = 64, seed: int = 0, log=print) -> dict:
+          quality_batch: int = 64, seed: int = 0, log=print, device_type: str = "cpu",
+          warmup: bool | None = None) -> dict:
+    """`warmup` (default: on CUDA only) decodes one prompt per decoder first, untimed (CUDA/cuBLAS start-up)."""
     from reference.evaluate import evaluate
     from reference.prompts import eval_prompts
-    if not specs:
-        raise ValueError("--decoders is empty: name at least one decoder, e.g. ar,sjd,csd")
-    if any(b < 1 for b in batch_sizes) or not batch_sizes:
-        raise ValueError(f"--batch-sizes must be integers >= 1, got {batch_sizes}")
+    check_args(specs, batch_sizes)
+    dev, price, devices = resolve_device(str(getattr(model, "device", "cpu")), device_type)
     decs = [parse_decoder_spec(s) for s in specs]
     if "ar" not in [d[0] for d in decs]:
         decs.insert(0, ("ar", {}))  # speedups are ratios to ar measured in this run
     rows_ = eval_prompts(n)
     prompts = [r["prompt"] for r in rows_]
     seeds = [seed * 1_000_003 + r["seed"] for r in rows_]
+    if warmup is None:
+        warmup = dev.type == "cuda"
+    if warmup:
+        for name, params in decs:
+            decode(name, model, prompts[:1], seeds[:1], sc, params)
+        _sync(model)
     rows = []
     for bs in batch_sizes:
         ar_sec = None
         for name, params in decs:
             row = speed_row(model, name, params, prompts, seeds, bs, sc)
+            row["device_seconds_per_image"] = row["seconds_per_image"] * devices
+            row["usd_per_1k_images"] = row["device_seconds_per_image"] * price.on_demand_usd_per_hour / 3.6
+            row["usd_per_1k_images_spot"] = (None if price.spot_usd_per_hour is None else
+                                             row["device_seconds_per_image"] * price.spot_usd_per_hour / 3.6)
             if name == "ar" and not params:
                 ar_sec = row["seconds_per_image"]
             rows.append(row)
             log(f"speed  {row['decoder']:<28} batch {bs:>3}: {row['forwards_per_image']:.1f} forwards/image, "
-                f"{row['seconds_per_image']:.3f} s/image")
+                f"{row['seconds_per_image']:.3f} s/image, ${row['usd_per_1k_images']:.4g}/1k images")
         for row in rows:
             if row["batch_size"] == bs:
                 row["speedup_vs_ar"] = ar_sec / row["seconds_per_image"]
@@ -101,6 +229,7 @@ def bench(model, specs: list[str], n: int, batch_sizes: list[int], quality_n: in
                 if row["decoder"] == _label(name, params):
                     row.update(scene_accuracy=q["scene_accuracy"], object_accuracy=q["object_accuracy"],
                                fd=q["fd"], quality_n=quality_n, quality_forwards_per_image=q["forwards_per_image"])
-    return {"model": model.name, "device": f"cpu ({platform.processor() or platform.machine()}, "
-                                            f"{torch.get_num_threads()} threads)",
+    return {"model": model.name, "device": device_label(dev), "torch_device": str(dev),
+            "device_type": price.device_type, "devices": devices, "threads": torch.get_num_threads(),
+            "price": dataclasses.asdict(price), "model_info": model_info(model),
             "date": dt.date.today().isoformat(), "sampling": sc.__dict__, "rows": rows}

@@ -216,9 +216,14 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
              lossless: Optional[bool] = typer.Option(None, help="ssd: commit only the verified raster prefix"),
              progress: bool = typer.Option(True, help="show a progress bar")):
     """Generate images for Parquet prompts with a Prefect flow on Ray actors; resumable (run it again)."""
-    from flows.pipeline import generate as flow
+    from flows.inputs import list_inputs
+    from flows.pipeline import GenerateConfig, generate as flow
     params = _params(window, init, lam, delta, entropy_norm) | _ssd_params(rows, max_rows, rounds, lossless)
-    _check_decoder(decoder, params)
+    # the flow validates again (deployments call it directly); here it fails fast, before Prefect starts
+    GenerateConfig(prompts=tuple(prompts), out=out, model=model or "reference", decoder=decoder, params=params,
+                   shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
+                   gpus_per_actor=gpus_per_actor, device_type=device_type).validate()
+    list_inputs(list(prompts))
     summary = flow(prompts=prompts, out=out, model=model or "reference", decoder=decoder, params=params,
                    cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, shard_size=shard_size,
                    batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor,
@@ -233,6 +238,22 @@ def _print_summary(s: dict) -> None:
     for r in cost_table(s):
         typer.echo(f"  {r['metric']:<34} {r['value']}")
     typer.echo(f"manifest: {s['manifest']}\nsummary:  {s['summary']}")
+
+
+@app.command()
+@friendly
+def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or glob; repeatable"),
+          out: str = typer.Option(..., help="output URL; `{date}` becomes the run's scheduled date"),
+          cron: str = typer.Option("0 2 * * *", help="schedule (cron, UTC)"), name: str = "nightly",
+          decoder: str = "ar", model: Optional[str] = MODEL, shard_size: int = 256, batch_size: int = 16,
+          actors: int = 2, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu"):
+    """Serve the generation flow as a Prefect deployment on a cron schedule (runs until stopped)."""
+    from flows.pipeline import generate as flow
+    _check_decoder(decoder, {})
+    flow.serve(name=name, cron=cron, parameters={
+        "prompts": prompts, "out": out, "model": model or "reference", "decoder": decoder, "shard_size": shard_size,
+        "batch_size": batch_size, "actors": actors, "cpus_per_actor": cpus_per_actor,
+        "gpus_per_actor": gpus_per_actor, "device_type": device_type, "progress": False})
 
 
 @app.command()
@@ -347,11 +368,15 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
               n: int = typer.Option(64, help="eval prompts timed per decoder and batch size"),
               batch_sizes: str = typer.Option("1", help="comma-separated batch sizes"),
               quality_n: int = typer.Option(1024, help="eval prompts for scene accuracy and FD (0 = skip)"),
-              json_path: Optional[Path] = typer.Option(None, "--json"), seed: int = 0,
-              cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK, top_p: float = TOPP,
+              json_path: Optional[Path] = typer.Option(None, "--json"),
+              html: Optional[Path] = typer.Option(None, "--html", help="write a standalone HTML report here"),
+              device_type: str = typer.Option("cpu", help="price row in infra/prices.csv for $ per 1k images "
+                                                          "(cpu = per vCPU x torch threads; a GPU type = 1 GPU)"),
+              device: str = typer.Option("cpu", help="torch device for the model: cpu or cuda[:N]"),
+              seed: int = 0, cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK, top_p: float = TOPP,
               model: Optional[str] = MODEL):
-    """Compare decoders side by side: forwards, time and quality, speedups measured in this run."""
-    from flows.bench import bench
+    """Compare decoders side by side: forwards, time, cost and quality, speedups measured in this run."""
+    from flows.bench import bench, check_args, parse_decoder_spec, resolve_device
     specs = [s for s in decoders.split(",") if s.strip()]
     try:
         sizes = [int(b) for b in batch_sizes.split(",") if b.strip()]
@@ -359,16 +384,91 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
         raise ValueError(f"--batch-sizes must be comma-separated integers, got {batch_sizes!r}") from None
     if not 1 <= n <= 1024 or not 0 <= quality_n <= 1024:
         raise ValueError(f"--n must be in 1..1024 and --quality-n in 0..1024, got {n} and {quality_n}")
-    res = bench(_model(model), specs, n, sizes, quality_n, _sampling(cfg, temperature, top_k, top_p), seed=seed,
-                log=typer.echo)
+    check_args(specs, sizes)  # all argument errors before the model loads
+    for s in specs:
+        parse_decoder_spec(s)
+    resolve_device(device, device_type)
+    res = bench(_model_on(model, device), specs, n, sizes, quality_n, _sampling(cfg, temperature, top_k, top_p),
+                seed=seed, log=typer.echo, device_type=device_type)
     cols = ("decoder", "batch_size", "forwards_per_image", "tokens_per_forward", "seconds_per_image",
-            "speedup_vs_ar", "scene_accuracy", "object_accuracy", "fd")
+            "speedup_vs_ar", "usd_per_1k_images", "scene_accuracy", "object_accuracy", "fd")
     typer.echo(" | ".join(cols))
     for r in res["rows"]:
-        typer.echo(" | ".join(f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols))
+        typer.echo(" | ".join(f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols))
     if json_path:
         json_path.write_text(json.dumps(res, indent=1))
         typer.echo(f"wrote {json_path}")
+    if html:
+        from flows.plots import bench_html
+        html.write_text(bench_html(res), encoding="utf-8")
+        typer.echo(f"wrote {html}")
+
+
+def _model_on(model: Optional[str], device: str):
+    from workers.models import load_model
+    return load_model(model, device=device)
+
+
+@app.command("report")
+@friendly
+def report_cmd(url: str = typer.Argument(..., help="a run's output URL (local path, file://, s3://, ...)"),
+               html: Path = typer.Option(Path("report.html"), "--html", help="where to write the HTML"),
+               samples: int = typer.Option(24, help="images in the sample grid and the heatmaps")):
+    """A standalone HTML report of a pipeline run, from its committed Parquet and JSON only."""
+    from flows.report import write_report
+    info = write_report(url, html, samples=samples)
+    typer.echo(f"wrote {html} ({info['shards']} committed shards, {info['images_ok']} images ok, "
+               f"{info['images_failed']} failed)")
+
+
+@app.command("projection")
+@friendly
+def projection_cmd(bench_json: Path = typer.Option(..., "--bench-json", help="a `ssdgen bench --json` result"),
+                   accelerators: str = typer.Option("l4,a10g,a100-40gb,h100,h200", help="comma-separated"),
+                   models: str = typer.Option("1b@24,7b@48", help="comma-separated SIZE@GRID, SIZE in "
+                                                                  "{1b, 7b} (e.g. 7b@48 = 7B params, 48x48 tokens)"),
+                   batch_sizes: str = typer.Option("1,4,16,64", help="comma-separated"),
+                   cfg: bool = typer.Option(True, help="classifier-free guidance doubles the batch"),
+                   json_path: Optional[Path] = typer.Option(None, "--json"),
+                   html: Optional[Path] = typer.Option(None, "--html")):
+    """PROJECTION (not a measurement): images/s and $ per 1k images on named accelerators, from a bench's
+    measured acceptance statistics and a roofline model; the KV cache caps the batch."""
+    from flows.projection import project_cli
+    res = project_cli(bench_json, accelerators, models, batch_sizes, cfg)
+    for line in res["text"]:
+        typer.echo(line)
+    if json_path:
+        json_path.write_text(json.dumps(res["result"], indent=1))
+        typer.echo(f"wrote {json_path}")
+    if html:
+        from flows.projection import projection_html
+        html.write_text(projection_html(res["result"]), encoding="utf-8")
+        typer.echo(f"wrote {html}")
+
+
+@app.command("bench-plan")
+@friendly
+def bench_plan_cmd(rows: int = 10_000_000, files: int = 100,
+                   workdir: Optional[str] = typer.Option(None, help="where the synthetic Parquet goes (kept)"),
+                   json_path: Optional[Path] = typer.Option(None, "--json")):
+    """Planning benchmark: list and shard synthetic prompt Parquet from metadata only (bars: 60 s, 2 GB)."""
+    from flows.bench_plan import run
+    res = run(rows=rows, files=files, workdir=workdir)
+    typer.echo(json.dumps(res, indent=1))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+
+
+@app.command("bench-pipeline")
+@friendly
+def bench_pipeline_cmd(n: int = 128, decoder: str = "ar", batch_size: int = 16, threads: int = 2,
+                       shard_size: int = 32, json_path: Optional[Path] = typer.Option(None, "--json")):
+    """Pipeline overhead: `generate` end to end vs the bare decoder loop (same decoder, batch, threads)."""
+    from flows.bench_pipeline import run
+    res = run(n=n, decoder=decoder, batch_size=batch_size, threads=threads, shard_size=shard_size, log=typer.echo)
+    typer.echo(json.dumps(res, indent=1))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
 
 
 def main():

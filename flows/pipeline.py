@@ -20,11 +20,13 @@ recorded in `_config.json`; a resume with other settings is refused.
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
@@ -86,6 +88,7 @@ class GenerateConfig:
     gpus_per_actor: float = 0.0
     device_type: str = "cpu"
     ray_address: str | None = None
+    cluster_limit: str | None = None  # a Prefect global concurrency limit; the run holds `cluster_slots` of it
 
     def validate(self) -> Price:
         from decoders import decoder_config
@@ -111,6 +114,12 @@ class GenerateConfig:
     @property
     def devices_per_actor(self) -> float:
         return self.gpus_per_actor if self.gpus_per_actor > 0 else self.cpus_per_actor
+
+    @property
+    def cluster_slots(self) -> int:
+        """Slots this run takes from `cluster_limit`: the GPUs its actors hold, rounded up (2 actors at 0.5 GPU
+        take 1), or one per actor when the actors get no GPU."""
+        return max(1, math.ceil(self.actors * self.gpus_per_actor)) if self.gpus_per_actor > 0 else self.actors
 
     @property
     def threads(self) -> int:
@@ -178,12 +187,12 @@ def run_shard(shard_id: int, shard: Shard, ctx: RunContext) -> dict:
     out, cfg = ctx.out, ctx.cfg
     if out.fs.exists(f"{out.shard_dir(shard_id)}/_SUCCESS.json"):
         return {"shard": shard_id, "skipped": True}  # committed by an earlier try that lost its reply
-    t0 = time.perf_counter()
-    started = datetime.now(timezone.utc).isoformat()
-    rows = [asdict(r) for r in read_shard(ctx.files, shard, cfg.seed)]
+    rows = [asdict(r) for r in read_shard(ctx.files, shard, cfg.seed)]  # read while waiting for an actor
     batches = [rows[i:i + cfg.batch_size] for i in range(0, len(rows), cfg.batch_size)]
     results: list[dict | None] = [None] * len(batches)
     actor = ctx.pool.acquire()  # tasks start at once and queue here for an idle actor
+    t0 = time.perf_counter()  # the shard holds the actor's devices from here: its allocated time starts now
+    started = datetime.now(timezone.utc).isoformat()
     try:
         crash_after = ctx.faults.get("crash_after_commits")
         if crash_after is not None and ctx.commits >= crash_after:
@@ -223,7 +232,7 @@ def run_shard(shard_id: int, shard: Shard, ctx: RunContext) -> dict:
               "devices": dev, "device_type": cfg.device_type, "device_seconds_allocated": (wall + load_s) * dev,
               "device_seconds_busy": busy * dev, "started_at": started,
               "finished_at": datetime.now(timezone.utc).isoformat(), "actor_pid": info["pid"],
-              "device": info["device"]}
+              "node_id": info.get("node_id"), "device": info["device"]}
     ctx.maybe_fail_write()
     if not out.commit(shard_id, marker):
         return {"shard": shard_id, "skipped": True}  # another attempt won the commit; ours is garbage
@@ -255,6 +264,20 @@ def _stop(pool: ActorPool | None, started_ray: bool) -> None:
         ray.shutdown()
 
 
+@contextmanager
+def _cluster_slots(cfg: GenerateConfig):
+    """Hold `cfg.cluster_slots` slots of the Prefect global concurrency limit `cfg.cluster_limit` while the run
+    has actors, so runs that share a cluster (scheduled, ad hoc, other deployments) queue instead of overbooking
+    it. Waits for free slots; a limit that does not exist is an error (strict), not a silently uncapped run."""
+    if not cfg.cluster_limit:
+        yield
+        return
+    from prefect.concurrency.sync import concurrency
+    get_run_logger().info(f"waiting for {cfg.cluster_slots} slot(s) of concurrency limit {cfg.cluster_limit!r}")
+    with concurrency(cfg.cluster_limit, occupy=cfg.cluster_slots, strict=True):
+        yield
+
+
 def _actors(cfg: GenerateConfig, faults: dict) -> list:
     import ray
     from workers.decode_worker import DecodeWorker
@@ -270,12 +293,21 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
              params: dict | None = None, cfg_scale: float = 3.0, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, shard_size: int = 256, batch_size: int = 16, actors: int = 2,
              cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
-             ray_address: str | None = None, progress: bool = True, faults: dict | None = None) -> dict:
-    """Generate an image for every prompt row; resumable. `faults` is for tests (injected crashes)."""
+             ray_address: str | None = None, cluster_limit: str | None = None, progress: bool = True,
+             faults: dict | None = None) -> dict:
+    """Generate an image for every prompt row; resumable. `out` may hold `{date}`, filled with the run's
+    scheduled date (YYYY-MM-DD), so a scheduled deployment renders into one folder per day. `cluster_limit`
+    names a Prefect global concurrency limit (`prefect gcl create NAME --limit N`) that the run holds one slot
+    of per GPU (per actor on CPUs) while its actors exist. `faults` is for tests (injected crashes)."""
+    if "{date}" in out:
+        from prefect.runtime import flow_run
+        when = flow_run.scheduled_start_time or datetime.now(timezone.utc)
+        out = out.replace("{date}", when.strftime("%Y-%m-%d"))
     cfg = GenerateConfig(prompts=tuple(prompts), out=out, model=model, decoder=decoder, params=dict(params or {}),
                          cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                          shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
-                         gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address)
+                         gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address,
+                         cluster_limit=cluster_limit)
     return execute(cfg, progress=progress, faults=faults or {})
 
 
@@ -294,28 +326,41 @@ def execute(cfg: GenerateConfig, progress: bool = True, faults: dict | None = No
     log.info(f"{sum(f.num_rows for f in files)} prompts in {len(files)} file(s): {len(shards)} shards, "
              f"{len(done)} already committed, {len(pending)} to run")
     failed: dict[int, str] = {}
+    startup_s = 0.0
     if pending:
-        started_ray = _start_ray(cfg)
-        pool = None
-        try:
-            pool = ActorPool(_actors(cfg, faults))
-            bar = tqdm(total=sum(s.rows for s in pending), unit="img", desc="generate", disable=not progress,
-                       smoothing=0.1)
-            ctx = RunContext(cfg, files, out, pool, bar, faults)
-            futures = [run_shard.submit(s.id, s, ctx) for s in pending]
-            for s, fut in zip(pending, futures):
-                try:
-                    fut.result()
-                except FlowCrash:
-                    raise
-                except Exception as e:  # noqa: BLE001 - collect, report, and fail the run after the summary
-                    failed[s.id] = f"{type(e).__name__}: {e}"
-            bar.close()
-        finally:
-            _stop(pool, started_ray)
+        with _cluster_slots(cfg):
+            started_ray = _start_ray(cfg)
+            pool = None
+            try:
+                pool = ActorPool(_actors(cfg, faults))
+                startup_s = time.perf_counter() - t0
+                log.info(f"{cfg.actors} actor(s) ready {startup_s:.1f} s after the flow started")
+                bar = tqdm(total=sum(s.rows for s in pending), unit="img", desc="generate", disable=not progress,
+                           smoothing=0.1)
+                ctx = RunContext(cfg, files, out, pool, bar, faults)
+                futures = [run_shard.submit(s.id, s, ctx) for s in pending]
+                for s, fut in zip(pending, futures):
+                    try:
+                        fut.result()
+                    except FlowCrash:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - collect, report, and fail the run after the summary
+                        failed[s.id] = f"{type(e).__name__}: {e}"
+                bar.close()
+            finally:
+                _stop(pool, started_ray)
     committed = out.committed()
     removed = out.gc(committed)
-    summary = run_summary([committed[k] for k in sorted(committed)], price, time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    summary = run_summary([committed[k] for k in sorted(committed)], price, wall)
+    ran_now = [committed[s.id] for s in pending if s.id in committed]
+    # cost covers every committed shard; speed only this run's own work against this run's wall time
+    summary["images_this_run"] = sum(m["ok"] for m in ran_now)
+    summary["images_per_s"] = summary["images_this_run"] / wall if wall > 0 else None
+    # startup (plan, Ray, actors, model loads) is paid once per run; steady state is what a long run sees
+    summary["startup_s"] = startup_s
+    steady = wall - startup_s
+    summary["images_per_s_steady"] = summary["images_this_run"] / steady if pending and steady > 0 else None
     summary |= {"out": out.url, "shards_total": len(shards), "shards_committed": len(committed),
                 "shards_run_now": len(pending) - len(failed), "shards_failed": {str(k): v for k, v in failed.items()},
                 "attempts_removed": removed, "decoder": cfg.decoder, "model": cfg.model,

@@ -58,11 +58,11 @@ def s3(s3_endpoint):
     s3fs.S3FileSystem.clear_instance_cache()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def local_ray():
-    """A real local Ray with fixed resources (2 CPUs) and a small object store, shared by the session."""
+    """A real local Ray with fixed resources (2 CPUs) and a small object store. Started once and kept up;
+    started again if a test (the multi-node ones) shut it down to connect to another cluster."""
     import ray
     if not ray.is_initialized():
         ray.init(num_cpus=2, object_store_memory=256 * 2**20, include_dashboard=False, log_to_driver=False)
     yield ray
-    ray.shutdown()

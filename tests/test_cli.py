@@ -20,6 +20,11 @@ def run(*args):
     (["sample", "--prompt", GOOD, "--top-k", "-3"], "top_k"),
     (["sample", "--prompt", GOOD, "--model", "reference:/nonexistent"], "not a model bundle"),
     (["eval", "--n", "0"], "--n must be in 1..1024"),
+    (["generate", "--prompts", "/nonexistent/prompts.parquet"], "/nonexistent/prompts.parquet"),
+    (["generate", "--prompts", "x.parquet", "--device-type", "tpu-v9"], "known"),
+    (["generate", "--prompts", "x.parquet", "--batch-size", "0"], "--batch-size must be >= 1"),
+    (["generate", "--prompts", "x.parquet", "--device-type", "h100"], "priced per GPU"),
+    (["status", "/nonexistent/run"], "no ssdgen run here"),
 ])
 def test_bad_input_gets_a_clear_error(args, message, tmp_path):
     r = run(*args, *([] if args[0] != "sample" else ["--out", str(tmp_path / "x.png")]))
@@ -34,3 +39,15 @@ def test_sample_writes_a_grid(tmp_path):
     r = run("sample", "--prompt", GOOD, "--n", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert Image.open(out).size == (128, 64)
+
+
+@pytest.mark.slow
+def test_demo_runs_the_flow_on_local_ray_and_writes_committed_images(tmp_path):
+    """What `make demo` runs: Prefect's ephemeral API, a local Ray, local files, the bundled model."""
+    import pyarrow.parquet as pq
+    r = run("demo", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    man = pq.read_table(tmp_path / "run" / "manifest.parquet").to_pylist()
+    assert sum(m["ok"] for m in man) == 8 and (tmp_path / "grid.png").exists()
+    s = run("status", str(tmp_path / "run"))
+    assert s.returncode == 0 and "2 done, 0 pending, 0 failed of 2 shards" in s.stdout, s.stdout + s.stderr

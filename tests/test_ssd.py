@@ -63,6 +63,19 @@ def test_lossy_ssd_stats(tiny):
         assert all(r <= 2 for r in s.extra["rounds_per_block"])
 
 
+def test_token_budget_shrinks_blocks_and_falls_back_to_ar_when_the_batch_fills_it(tiny):
+    W = tiny.grid[1]
+    params = {"rows": 2, "max_rows": 3, "rounds": 1, "adaptive": True, "token_budget": 4 * W}
+    one = decode("ssd+csd", tiny, PROMPTS[:1], [0], SAMPLED, params)  # 4 rows fit, capped at max_rows
+    assert W < max(one.stats[0].extra["block_sizes"]) <= 3 * W  # block sizes are in tokens
+    four = decode("ssd+csd", tiny, PROMPTS[:4], [0, 1, 2, 3], SAMPLED, params)  # one row each
+    assert all(max(s.extra["block_sizes"]) <= W for s in four.stats)
+    eight = decode("ssd+csd", tiny, PROMPTS[:4] * 2, list(range(8)), SAMPLED, params)  # no headroom: plain AR
+    ar = decode("ar", tiny, PROMPTS[:4] * 2, list(range(8)), SAMPLED)
+    assert torch.equal(eight.tokens, ar.tokens)
+    assert all(s.extra["policy"].startswith("ar") and s.forwards == ar.stats[0].forwards for s in eight.stats)
+
+
 def test_heads_for_another_model_or_shape_are_refused(tiny, tmp_path):
     cfg = HeadsConfig(dim=tiny.hidden_dim, emb_dim=tiny.hidden_dim, n_codes=tiny.n_codes, grid=tiny.grid,
                       model="someone-else@0123456789ab")

@@ -80,8 +80,8 @@ class DecodeWorker:
         self.reported_load = False
 
     def info(self) -> dict:
-        return {"pid": os.getpid(), "device": self.device, "load_s": self.load_s, "model": self.model.name,
-                "threads": self.spec.threads}
+        return {"pid": os.getpid(), "node_id": _node_id(), "device": self.device, "load_s": self.load_s,
+                "model": self.model.name, "threads": self.spec.threads}
 
     def take_load_seconds(self) -> float:
         """This incarnation's model-load time, reported once (so it is charged to exactly one shard)."""
@@ -148,6 +148,16 @@ class DecodeWorker:
                 "prompt_id": r["prompt_id"], "status": "ok", "error": None, "png": png_bytes(img),
                 "width": int(img.shape[1]), "height": int(img.shape[0]), "tokens": tok.astype(np.int32).tolist(),
                 "grid": list(st.commit_map.shape), "stats": row, "latency_s": per}
+
+
+def _node_id() -> str | None:
+    """The Ray node this actor runs on (None outside Ray): markers record it, so a cluster run shows which node
+    made each shard."""
+    try:
+        import ray
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except ImportError:
+        return None
 
 
 def _error(row: dict, message: str) -> dict:

@@ -1,0 +1,259 @@
+"""Standalone HTML pages with embedded figures, for `ssdgen bench --html` and `ssdgen report`.
+
+Everything a page shows is inside the one file: figures are matplotlib (Agg) or PIL images embedded as
+base64 PNG `data:` URLs, styles are inline, and there are no scripts and no external URLs, so a page
+opens the same from a laptop, a bucket or a CI artifact.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+
+import numpy as np
+
+CSS = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 24px; color: #222;
+       max-width: 1400px; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 28px; }
+.meta { color: #555; font-size: 13px; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: right; }
+th { background: #f2f2f2; } td.l, th.l { text-align: left; }
+.note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 6px 10px; font-size: 13px; }
+.grid { display: flex; flex-wrap: wrap; gap: 10px; }
+.tile { width: 196px; font-size: 11px; } .tile img { image-rendering: pixelated; }
+.legend span { display: inline-block; padding: 2px 8px; margin-right: 6px; color: #fff; font-size: 12px; }
+.err { color: #b00020; }
+"""
+
+
+def esc(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def png_b64(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def img_tag(png: bytes, alt: str = "", width: int | None = None) -> str:
+    w = f' width="{width}"' if width else ""
+    return f'<img src="{png_b64(png)}" alt="{esc(alt)}"{w}>'
+
+
+def array_png(a: np.ndarray, scale: int = 1) -> bytes:
+    """uint8 [H, W, 3] -> PNG bytes, optionally scaled up by nearest neighbour."""
+    from PIL import Image
+    im = Image.fromarray(np.asarray(a, dtype=np.uint8))
+    if scale > 1:
+        im = im.resize((im.width * scale, im.height * scale), Image.NEAREST)
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def fig_png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def fmt(v, digits: int = 3) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "n/a"
+        if v != 0 and abs(v) < 10 ** -digits:
+            return f"{v:.2e}"
+        return f"{v:,.{digits}f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def table(rows: list[dict], cols: list[tuple[str, str]], left: tuple[str, ...] = ()) -> str:
+    """rows of dicts, cols [(key, header)] -> an HTML table."""
+    head = "".join(f'<th class="{"l" if k in left else ""}">{esc(h)}</th>' for k, h in cols)
+    body = "".join("<tr>" + "".join(f'<td class="{"l" if k in left else ""}">{esc(fmt(r.get(k)))}</td>'
+                                    for k, _ in cols) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def page(title: str, body: str, meta: str = "") -> str:
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
+            f"<style>{CSS}</style></head><body><h1>{esc(title)}</h1>"
+            f'<div class="meta">{meta}</div>{body}</body></html>\n')
+
+
+# ------------------------------------------------------------------------------------------ bench figures
+
+DECODER_COLOURS = ["#444444", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2"]
+
+
+def _colour_map(decoders: list[str]) -> dict[str, str]:
+    return {d: DECODER_COLOURS[i % len(DECODER_COLOURS)] for i, d in enumerate(decoders)}
+
+
+def _decoders(rows: list[dict]) -> list[str]:
+    seen: list[str] = []
+    for r in rows:
+        if r["decoder"] not in seen:
+            seen.append(r["decoder"])
+    return seen
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both axes (higher is better on each), by x."""
+    keep = []
+    for i, (x, y) in enumerate(points):
+        if not any((x2 >= x and y2 >= y) and (x2 > x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i):
+            keep.append(i)
+    return sorted(keep, key=lambda i: points[i][0])
+
+
+def pareto_plot(rows: list[dict]) -> bytes:
+    """Speedup vs AR (x) against scene accuracy (y), a point per decoder and batch size."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    colours = _colour_map(_decoders(rows))
+    markers = "osD^v<>ph*"
+    sizes = sorted({r["batch_size"] for r in rows})
+    have_q = [r for r in rows if r.get("scene_accuracy") is not None and r.get("speedup_vs_ar") is not None]
+    ax.set_xlabel("wall-clock speedup vs ar (same batch size, same run)")
+    ax.set_ylabel("scene accuracy")
+    ax.set_title("speed vs quality")
+    if not have_q:
+        for r in rows:
+            if r.get("speedup_vs_ar") is not None:
+                ax.scatter(r["speedup_vs_ar"], 0, color=colours[r["decoder"]],
+                           marker=markers[sizes.index(r["batch_size"]) % len(markers)])
+        ax.set_ylim(-1, 1)
+        ax.set_yticks([])
+        ax.text(0.5, 0.5, "quality skipped (--quality-n 0):\nno scene accuracy measured in this run;\n"
+                          "points show speedup only", transform=ax.transAxes, ha="center", va="center",
+                fontsize=11, color="#b00020", bbox=dict(facecolor="#fff8e1", edgecolor="#f0b400"))
+    else:
+        pts = [(r["speedup_vs_ar"], r["scene_accuracy"]) for r in have_q]
+        for r in have_q:
+            ax.scatter(r["speedup_vs_ar"], r["scene_accuracy"], color=colours[r["decoder"]], s=46,
+                       marker=markers[sizes.index(r["batch_size"]) % len(markers)], zorder=3)
+        front = pareto_front(pts)
+        ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "--", color="#999", zorder=2,
+                label="Pareto front")
+        ax.axvline(1.0, color="#ccc", lw=1)
+    handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=d) for d, c in colours.items()]
+    handles += [plt.Line2D([], [], color="#555", marker=markers[i % len(markers)], ls="", label=f"batch {b}")
+                for i, b in enumerate(sizes)]
+    if have_q:
+        handles.append(plt.Line2D([], [], color="#999", ls="--", label="Pareto front"))
+    ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.grid(alpha=0.3)
+    return fig_png(fig)
+
+
+def throughput_plot(rows: list[dict]) -> bytes:
+    """Images/s against batch size (log x), a line per decoder."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    colours = _colour_map(_decoders(rows))
+    for d, c in colours.items():
+        rs = sorted((r for r in rows if r["decoder"] == d), key=lambda r: r["batch_size"])
+        ax.plot([r["batch_size"] for r in rs], [r["images_per_s"] for r in rs], "o-", color=c, label=d)
+    ax.set_xscale("log", base=2)
+    sizes = sorted({r["batch_size"] for r in rows})
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([str(s) for s in sizes])
+    ax.set_xlabel("batch size (log scale)")
+    ax.set_ylabel("images / s")
+    ax.set_title("throughput vs batch size")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig_png(fig)
+
+
+BENCH_COLS = [("decoder", "decoder"), ("batch_size", "batch"), ("n", "n"),
+              ("forwards_per_image", "forwards / image"), ("tokens_per_forward", "tokens / forward"),
+              ("seconds_per_image", "s / image"), ("images_per_s", "images / s"),
+              ("latency_p50_s", "latency p50 (s)"), ("latency_p90_s", "latency p90 (s)"),
+              ("speedup_vs_ar", "speedup vs ar"), ("usd_per_1k_images", "$ / 1k images"),
+              ("scene_accuracy", "scene acc."), ("object_accuracy", "object acc."), ("fd", "FD")]
+
+
+def bench_html(res: dict) -> str:
+    """The bench result (flows.bench.bench's dict) as one standalone HTML page."""
+    rows = res["rows"]
+    p = res.get("price") or {}
+    meta = (f"model {esc(res.get('model'))} &middot; device {esc(res.get('device'))} &middot; "
+            f"{esc(res.get('date'))} &middot; sampling {esc(res.get('sampling'))}")
+    quality = any(r.get("scene_accuracy") is not None for r in rows)
+    body = ["<h2>Results</h2>", table(rows, BENCH_COLS, left=("decoder",))]
+    if p:
+        body.append(f'<p class="meta">$ / 1k images = device-seconds per image &times; '
+                    f'{esc(p.get("on_demand_usd_per_hour"))} $/{esc(p.get("unit"))}-hour on demand / 3600 &times; 1000, '
+                    f'with {esc(res.get("devices"))} {esc(p.get("unit"))}(s) billed '
+                    f'(device type {esc(p.get("device_type"))}, {esc(p.get("instance_type"))}; '
+                    f'price as of {esc(p.get("as_of"))}: {esc(p.get("source"))}).</p>')
+    if not quality:
+        body.append('<p class="note">Quality was skipped in this run (--quality-n 0): no scene accuracy, '
+                    "object accuracy or FD.</p>")
+    body += ["<h2>Speed vs quality</h2>", img_tag(pareto_plot(rows), "Pareto plot: speedup vs scene accuracy"),
+             "<h2>Throughput</h2>", img_tag(throughput_plot(rows), "images/s vs batch size")]
+    return page(f"ssdgen bench: {res.get('model', '')}", "\n".join(body), meta)
+
+
+# ------------------------------------------------------------------------------------- headless check
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
+
+
+def find_chromium() -> str | None:
+    import shutil
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def screenshot(html_path, png_path, width: int = 1200, height: int = 1600, timeout: float = 120) -> str:
+    """Render a local HTML file to PNG with headless Chromium (no network, throwaway profile). Returns the
+    PNG path; raises FileNotFoundError when no Chromium is installed (`apt-get install -y chromium`)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+    exe = find_chromium()
+    if exe is None:
+        raise FileNotFoundError("no chromium on PATH (Debian: apt-get install -y chromium)")
+    html_path, png_path = Path(html_path).resolve(), Path(png_path).resolve()
+    with tempfile.TemporaryDirectory() as profile:
+        cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+               f"--user-data-dir={profile}", f"--screenshot={png_path}", f"--window-size={width},{height}",
+               html_path.as_uri()]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0 or not png_path.exists():
+        raise RuntimeError(f"chromium failed ({r.returncode}): {r.stderr[-2000:]}")
+    return str(png_path)
+
+
+if __name__ == "__main__":  # python -m flows.plots page.html page.png [WIDTH HEIGHT]
+    import sys
+    args = sys.argv[1:]
+    if len(args) not in (2, 4):
+        sys.exit("usage: python -m flows.plots PAGE.html OUT.png [WIDTH HEIGHT]")
+    size = (int(args[2]), int(args[3])) if len(args) == 4 else (1200, 1600)
+    print(screenshot(args[0], args[1], *size))

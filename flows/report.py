@@ -1,0 +1,280 @@
+"""`ssdgen report RUN_URL --html PATH`: one standalone HTML page about a pipeline run.
+
+It reads only what the run wrote, through fsspec (any URL the pipeline writes to): the commit markers
+(`shards/*/_SUCCESS.json`) or, without them, `manifest.parquet`, for the committed shards' files; those
+shards' `images.parquet` and `stats.parquet`; `summary.json` and `_config.json` where present. Uncommitted
+attempts are never read. No model, no Prefect, no Ray.
+
+The page: the run's settings and counts; a sample grid of images with their prompts; acceptance heatmaps
+(each image beside itself tinted by the stored `commit_map`: one colour per commit code) and the mean
+acceptance per token position over all images; histograms of forwards per image and acceptance rate; the
+cost table (`flows.cost.cost_table` on summary.json, or on the markers when the run has no summary yet);
+failed samples with their messages and failed shards.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
+from flows.layout import CONFIG, MANIFEST, SUMMARY, Output
+
+from . import plots
+
+COMMIT_COLOURS = {  # RGB; the same colours as the docs' figures (reference/commit_maps.py)
+    COMMIT_AR: (128, 128, 128), COMMIT_ACCEPTED: (40, 170, 60), COMMIT_RESAMPLED: (220, 40, 40),
+    COMMIT_BONUS: (60, 90, 230), COMMIT_RELAXED: (250, 210, 30),
+}
+COMMIT_LABELS = {COMMIT_AR: "plain AR", COMMIT_ACCEPTED: "accepted draft", COMMIT_RESAMPLED: "resampled / corrected",
+                 COMMIT_BONUS: "bonus", COMMIT_RELAXED: "relaxed (CSD)"}
+SPECULATED = (COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED)  # committed without a forward of their own
+IMAGE_COLS = ["prompt_id", "prompt", "seed", "png", "width", "height"]
+
+
+# ------------------------------------------------------------------------------------------- reading
+
+def committed_files(out: Output) -> tuple[list[dict], dict[int, dict]]:
+    """[{shard, images_url, stats_url}] of the committed shards, and their markers ({} if read from the
+    manifest). Raises FileNotFoundError when the URL holds no committed shard."""
+    markers = out.committed()
+    if markers:
+        files = []
+        for sid in sorted(markers):
+            by_kind = {Path(f["path"]).name.split(".")[0]: out.path(f["path"]) for f in markers[sid]["files"]}
+            files.append({"shard": sid, "images_url": by_kind["images"], "stats_url": by_kind["stats"]})
+        return files, markers
+    if out.fs.exists(out.path(MANIFEST)):
+        with out.fs.open(out.path(MANIFEST), "rb") as f:
+            man = pq.read_table(f).to_pylist()
+        if man:
+            return [{"shard": m["shard"], "images_url": m["images_url"], "stats_url": m["stats_url"]}
+                    for m in man], {}
+    raise FileNotFoundError(f"{out.url}: no committed shards (no {MANIFEST} and no shards/*/_SUCCESS.json); "
+                            "nothing to report: is this a run's --out URL, and has a shard finished?")
+
+
+def _read(out: Output, url: str, columns=None) -> pa.Table:
+    fs, path = (out.fs, url) if "://" not in url else _fs_for(url)
+    with fs.open(path, "rb") as f:
+        return pq.read_table(f, columns=columns)
+
+
+def _fs_for(url: str):
+    import fsspec
+    return fsspec.core.url_to_fs(url)
+
+
+def _json(out: Output, name: str) -> dict | None:
+    p = out.path(name)
+    return json.loads(out.fs.cat_file(p)) if out.fs.exists(p) else None
+
+
+def load_run(url: str, samples: int = 24) -> dict:
+    """Everything the report shows. PNG bytes are kept only for the first `samples` ok images."""
+    out = Output(url)
+    files, markers = committed_files(out)
+    stats = pa.concat_tables([_read(out, f["stats_url"]) for f in files]).to_pylist()
+    images, kept = [], 0
+    for f in files:
+        t = _read(out, f["images_url"], columns=IMAGE_COLS).to_pylist()
+        for r in t:
+            if r["png"] is not None and kept < samples:
+                kept += 1
+            else:
+                r["png"] = None
+            images.append(r)
+    return {"url": url, "files": files, "markers": markers, "stats": stats, "images": images,
+            "summary": _json(out, SUMMARY), "config": _json(out, CONFIG)}
+
+
+# ------------------------------------------------------------------------------------------ drawing
+
+def decode_png(png: bytes) -> np.ndarray:
+    from PIL import Image
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+
+
+def commit_colours(commit_map: np.ndarray) -> np.ndarray:
+    """[H, W] commit codes -> [H, W, 3] uint8 colours."""
+    c = np.zeros(commit_map.shape + (3,), np.uint8)
+    for code, rgb in COMMIT_COLOURS.items():
+        c[commit_map == code] = rgb
+    return c
+
+
+def heatmap_overlay(image: np.ndarray, commit_map: np.ndarray, alpha: float = 0.55) -> np.ndarray:
+    """uint8 image [h, w, 3] tinted by its [H, W] commit map (any grid: each token covers h/H x w/W pixels)."""
+    from PIL import Image
+    colours = Image.fromarray(commit_colours(commit_map)).resize((image.shape[1], image.shape[0]), Image.NEAREST)
+    return (image * (1 - alpha) + np.asarray(colours, np.float32) * alpha).astype(np.uint8)
+
+
+def commit_grid(row: dict) -> np.ndarray | None:
+    cm, h, w = row.get("commit_map"), row.get("grid_height"), row.get("grid_width")
+    if cm is None or not h or not w or len(cm) != h * w:
+        return None
+    return np.asarray(cm, np.int8).reshape(h, w)
+
+
+def acceptance_by_position(stats: list[dict]) -> np.ndarray | None:
+    """Share of images in which each token position was committed speculatively (accepted, bonus, relaxed)."""
+    maps = [m for m in (commit_grid(r) for r in stats if r["status"] == "ok") if m is not None]
+    shapes = {m.shape for m in maps}
+    if not maps or len(shapes) != 1:
+        return None
+    return np.mean([np.isin(m, SPECULATED) for m in maps], axis=0)
+
+
+def _hist(values: list[float], title: str, xlabel: str, empty: str) -> bytes:
+    plt = plots._plt()
+    fig, ax = plt.subplots(figsize=(5.0, 3.2))
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if vals:
+        ax.hist(vals, bins=min(30, max(5, len(set(vals)))), color="#1f77b4", edgecolor="white")
+        ax.axvline(float(np.mean(vals)), color="#d62728", ls="--", label=f"mean {np.mean(vals):.3g}")
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", va="center", color="#b00020")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("images")
+    ax.grid(alpha=0.3)
+    return plots.fig_png(fig)
+
+
+def _position_plot(share: np.ndarray) -> bytes:
+    plt = plots._plt()
+    fig, ax = plt.subplots(figsize=(4.2, 3.6))
+    im = ax.imshow(share, cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share speculated")
+    ax.set_title("accepted + bonus + relaxed, per token")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return plots.fig_png(fig)
+
+
+# ------------------------------------------------------------------------------------------- the page
+
+def _legend() -> str:
+    spans = "".join(f'<span style="background: rgb{COMMIT_COLOURS[c]}">{plots.esc(COMMIT_LABELS[c])}</span>'
+                    for c in (COMMIT_ACCEPTED, COMMIT_RELAXED, COMMIT_BONUS, COMMIT_RESAMPLED, COMMIT_AR))
+    return f'<p class="legend">{spans}</p>'
+
+
+def _tile(png: bytes, caption: str, extra: str = "") -> str:
+    return f'<div class="tile">{png and plots.img_tag(png, caption)}{extra}<div>{plots.esc(caption)}</div></div>'
+
+
+def _cost(run: dict) -> tuple[list[dict], str]:
+    from flows.cost import cost_table, price_for, run_summary
+    s = run["summary"]
+    if s and s.get("price"):
+        return cost_table(s), "from summary.json"
+    markers = run["markers"]
+    types = {m.get("device_type") for m in markers.values()}
+    if markers and len(types) == 1 and None not in types:
+        recs = [markers[k] for k in sorted(markers)]
+        s = run_summary(recs, price_for(types.pop()), wall_s=sum(m["wall_s"] for m in recs))
+        return cost_table(s), "so far, from the commit markers (this run has no summary.json yet)"
+    return [], "no summary.json and no markers with one device type: no cost table"
+
+
+def build_html(run: dict, samples: int = 24) -> str:
+    stats, images = run["stats"], run["images"]
+    st_by_id = {r["prompt_id"]: r for r in stats}
+    ok = [r for r in stats if r["status"] == "ok"]
+    bad = [r for r in stats if r["status"] != "ok"]
+    conf = run["config"] or {}
+    decoder = conf.get("decoder") or (stats[0]["decoder"] if stats else "?")
+    meta = (f"run {plots.esc(run['url'])} &middot; decoder {plots.esc(decoder)} "
+            f"{plots.esc(conf.get('params') or '')} &middot; model {plots.esc(conf.get('model', '?'))} &middot; "
+            f"{len(run['files'])} committed shards &middot; {len(ok)} images ok, {len(bad)} failed")
+    body = []
+
+    shown = [im for im in images if im["png"] is not None][:samples]
+    body.append(f"<h2>Samples ({len(shown)} of {len(ok)})</h2><div class=\"grid\">")
+    for im in shown:
+        body.append(_tile(plots.array_png(decode_png(im["png"]), scale=max(1, 192 // max(1, im["width"] or 64))),
+                          im["prompt"] or ""))
+    body.append("</div>")
+
+    body.append("<h2>Acceptance heatmaps</h2>")
+    body.append("<p>Each image, then the same image tinted by how each token was committed (the stored "
+                "<code>commit_map</code>).</p>" + _legend())
+    body.append('<div class="grid">')
+    n_maps = 0
+    for im in shown:
+        cm = commit_grid(st_by_id.get(im["prompt_id"], {}))
+        if cm is None:
+            continue
+        img = decode_png(im["png"])
+        pair = np.concatenate([img, np.full((img.shape[0], 2, 3), 255, np.uint8), heatmap_overlay(img, cm)], axis=1)
+        spec = float(np.isin(cm, SPECULATED).mean())
+        cap = f"{im['prompt']} (speculated {spec:.0%}, {st_by_id[im['prompt_id']]['forwards']} forwards)"
+        body.append(f'<div class="tile heatmap" style="width: 392px">'
+                    f'{plots.img_tag(plots.array_png(pair, scale=max(1, 192 // max(1, img.shape[0]))), cap)}'
+                    f"<div>{plots.esc(cap)}</div></div>")
+        n_maps += 1
+    body.append("</div>")
+    if not n_maps:
+        body.append('<p class="note">No commit maps stored for these images.</p>')
+    share = acceptance_by_position(stats)
+    if share is not None:
+        body.append(f"<h3>Mean over all {len(ok)} images</h3>" + plots.img_tag(_position_plot(share), "per token"))
+
+    fwd = [r["forwards"] for r in ok if r["forwards"] is not None]
+    acc = [r["acceptance_rate"] for r in ok]
+    body.append("<h2>Forwards and acceptance</h2><div class=\"grid\">")
+    body.append(plots.img_tag(_hist(fwd, "forwards per image", "forwards (prefill included)", "no ok images")))
+    body.append(plots.img_tag(_hist(acc, "acceptance rate", "accepted drafts / drafts verified",
+                                    "nothing was drafted (plain AR)")))
+    body.append("</div>")
+
+    rows, note = _cost(run)
+    body.append(f"<h2>Cost</h2><p class=\"meta\">{plots.esc(note)}</p>")
+    if rows:
+        body.append(plots.table(rows, [("metric", "metric"), ("value", "value")], left=("metric", "value")))
+
+    body.append("<h2>Failures</h2>")
+    failed_shards = (run["summary"] or {}).get("shards_failed") or {}
+    if not bad and not failed_shards:
+        body.append("<p>None: every sample of every committed shard succeeded.</p>")
+    if bad:
+        prompts = {im["prompt_id"]: im["prompt"] for im in images}
+        by_msg: dict[str, int] = {}
+        for r in bad:
+            by_msg[r["error"] or "?"] = by_msg.get(r["error"] or "?", 0) + 1
+        body.append(f"<p>{len(bad)} failed samples; by message:</p>")
+        body.append(plots.table([{"error": k, "count": v} for k, v in sorted(by_msg.items(), key=lambda kv: -kv[1])],
+                                [("count", "samples"), ("error", "message")], left=("error",)))
+        body.append(plots.table([{"prompt_id": r["prompt_id"], "prompt": _short(prompts.get(r["prompt_id"])),
+                                  "error": r["error"]} for r in bad[:200]],
+                                [("prompt_id", "prompt_id"), ("prompt", "prompt"), ("error", "error")],
+                                left=("prompt_id", "prompt", "error")))
+    if failed_shards:
+        body.append(f"<p class=\"err\">{len(failed_shards)} shards failed (not committed):</p>")
+        body.append(plots.table([{"shard": k, "error": v} for k, v in failed_shards.items()],
+                                [("shard", "shard"), ("error", "error")], left=("error",)))
+    return plots.page(f"ssdgen run report: {run['url']}", "\n".join(body), meta)
+
+
+def _short(p, n: int = 120):
+    if p is None:
+        return "(null)"
+    return p if len(p) <= n else p[:n] + f"... ({len(p):,} chars)"
+
+
+def write_report(url: str, html_path, samples: int = 24) -> dict:
+    if samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {samples}")
+    run = load_run(url, samples)
+    Path(html_path).write_text(build_html(run, samples), encoding="utf-8")
+    ok = sum(r["status"] == "ok" for r in run["stats"])
+    return {"shards": len(run["files"]), "images_ok": ok, "images_failed": len(run["stats"]) - ok}

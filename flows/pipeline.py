@@ -177,6 +177,26 @@ class RunContext:
 
 
 MAX_ACTOR_DEATHS_PER_TRY = 3
+# How long a shard waits for its actor's restart. After a node loss the restart waits for free resources: an
+# autoscaler's new GPU node takes minutes, and until then every call to the actor fails at once.
+ACTOR_RESTART_WAIT_S = float(os.environ.get("SSDGEN_ACTOR_RESTART_WAIT_S", 900))
+
+
+def _await_restart(actor) -> None:
+    """Return once a restarted actor answers; raise ActorUnavailableError after ACTOR_RESTART_WAIT_S. Without
+    this wait, resubmitting to a restarting actor fails at once and spends the shard's death budget and its
+    retries in seconds, so one lost node failed the shards its actors held."""
+    import ray
+    import ray.exceptions as rx
+    deadline = time.monotonic() + ACTOR_RESTART_WAIT_S
+    while True:
+        try:
+            ray.get(actor.info.remote(), timeout=60)
+            return
+        except (rx.ActorUnavailableError, rx.GetTimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 @task(name="shard", task_run_name="shard-{shard_id}", retries=4, retry_delay_seconds=exponential_backoff(0.5),
@@ -209,8 +229,9 @@ def run_shard(shard_id: int, shard: Shard, ctx: RunContext) -> dict:
                 deaths += 1  # Ray restarts the actor (max_restarts=-1); resubmit only what it held
                 if deaths > MAX_ACTOR_DEATHS_PER_TRY:
                     raise
-                get_run_logger().warning(f"shard {shard_id}: actor died ({type(e).__name__}); "
-                                         f"resubmitting {sum(r is None for r in results)} batch(es)")
+                get_run_logger().warning(f"shard {shard_id}: actor died ({type(e).__name__}); waiting for its "
+                                         f"restart to resubmit {sum(r is None for r in results)} batch(es)")
+                _await_restart(actor)
         load_s = ray.get(actor.take_load_seconds.remote())
         info = ray.get(actor.info.remote())
     finally:

@@ -1,0 +1,193 @@
+"""Static checks of the deployment files in infra/ against the code they deploy: they catch drift between a
+config and the flow, the price table or the Makefile before a cluster or a scheduler does. Fast: no
+services, no Ray, no images."""
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+INFRA = ROOT / "infra"
+YAMLS = sorted(INFRA.glob("*.yaml"))
+
+
+def _prefect_yaml() -> dict:
+    return yaml.safe_load((INFRA / "prefect.yaml").read_text())
+
+
+def _deployments() -> list[dict]:
+    deps = _prefect_yaml()["deployments"]
+    assert deps, "infra/prefect.yaml declares no deployment"
+    return deps
+
+
+def test_there_are_the_expected_infra_files():
+    names = {p.name for p in INFRA.iterdir()}
+    assert {"prefect.yaml", "kuberay-raycluster.yaml", "ray-cluster.yaml", "prefect-worker.yaml", "Dockerfile",
+            "prices.csv"} <= names
+
+
+def _no_inline_secrets(containers: list[dict]) -> None:
+    for c in containers:
+        for e in c.get("env", []):
+            if re.search(r"SECRET|KEY|TOKEN|PASSWORD", e["name"]):
+                assert "value" not in e and "secretKeyRef" in e["valueFrom"], e["name"]
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=[p.name for p in YAMLS])
+def test_yaml_files_parse(path):
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    assert docs and all(isinstance(d, dict) for d in docs)
+
+
+def test_kuberay_cluster_has_a_gpu_worker_group_and_no_inline_secrets():
+    (rc,) = [d for d in yaml.safe_load_all((INFRA / "kuberay-raycluster.yaml").read_text()) if d]
+    assert rc["apiVersion"] == "ray.io/v1" and rc["kind"] == "RayCluster"
+    spec = rc["spec"]
+    assert spec["enableInTreeAutoscaling"] is True
+    assert str(spec["headGroupSpec"]["rayStartParams"]["num-cpus"]) == "0"  # no actors on the head
+    gpu_groups = []
+    for g in spec["workerGroupSpecs"]:
+        assert 0 <= g["minReplicas"] <= g["replicas"] <= g["maxReplicas"], g["groupName"]
+        for c in g["template"]["spec"]["containers"]:
+            gpus = c["resources"]["limits"].get("nvidia.com/gpu")
+            if gpus:
+                gpu_groups.append(g)
+                assert float(g["rayStartParams"]["num-gpus"]) == float(gpus)  # Ray sees what the pod holds
+    assert gpu_groups, "no worker group requests nvidia.com/gpu"
+    # the Ray version in the manifest is the one the project pins
+    pinned = re.search(r'"ray\[[^\]]*\]==([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert spec["rayVersion"] == pinned
+    # credentials only by reference to a Secret
+    _no_inline_secrets([c for g in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+                        for c in g["template"]["spec"]["containers"]])
+
+
+def test_prefect_worker_pod_is_a_zero_resource_ray_node_on_the_right_pool():
+    """The driver needs a local Ray node: the worker pod joins the cluster offering nothing, then serves the
+    work pool that infra/prefect.yaml deploys to, against the RayCluster's head service."""
+    (d,) = [x for x in yaml.safe_load_all((INFRA / "prefect-worker.yaml").read_text()) if x]
+    (rc,) = [x for x in yaml.safe_load_all((INFRA / "kuberay-raycluster.yaml").read_text()) if x]
+    (c,) = d["spec"]["template"]["spec"]["containers"]
+    cmd = " ".join(c["args"])
+    assert f"--address={rc['metadata']['name']}-head-svc:6379" in cmd  # KubeRay names the service <cluster>-head-svc
+    assert "--num-cpus=0" in cmd and "--num-gpus=0" in cmd
+    pools = {dep["work_pool"]["name"] for dep in _deployments()}
+    assert re.search(r"prefect worker start --pool (\S+)", cmd).group(1) in pools
+    env = {e["name"]: e for e in c["env"]}
+    assert env["RAY_ADDRESS"]["value"] == "auto"
+    _no_inline_secrets([c])
+
+
+def test_ray_cluster_launcher_config_has_head_and_l4_workers():
+    c = yaml.safe_load((INFRA / "ray-cluster.yaml").read_text())
+    assert c["provider"]["type"] == "aws" and c["provider"]["region"]
+    types = c["available_node_types"]
+    head = types[c["head_node_type"]]
+    assert head["resources"]["CPU"] == 0
+    workers = [t for n, t in types.items() if n != c["head_node_type"]]
+    assert any(t["node_config"]["InstanceType"] == "g6.xlarge" and t["resources"].get("GPU") == 1
+               for t in workers)
+    for t in workers:
+        assert 0 <= t["min_workers"] <= t["max_workers"] <= c["max_workers"]
+    from flows.cost import load_prices
+    assert load_prices()["l4"].instance_type == "g6.xlarge"  # the price row the workers are costed by
+    assert any("ssdgen" in cmd and "install" in cmd for cmd in c["setup_commands"])
+
+
+def test_prefect_entrypoint_loads_and_parameters_match_the_flow_signature(monkeypatch):
+    from prefect.flows import load_flow_from_entrypoint
+    from flows.pipeline import GenerateConfig, generate
+    sig = inspect.signature(generate.fn)
+    required = {n for n, p in sig.parameters.items() if p.default is inspect.Parameter.empty}
+    monkeypatch.chdir(ROOT)  # deployments load the entrypoint relative to the repository root
+    for dep in _deployments():
+        loaded = load_flow_from_entrypoint(dep["entrypoint"])
+        assert loaded.name == generate.name
+        assert set(inspect.signature(loaded.fn).parameters) == set(sig.parameters)
+        params = dep["parameters"]
+        unknown = set(params) - set(sig.parameters)
+        assert not unknown, f"deployment {dep['name']}: parameters the flow does not take: {sorted(unknown)}"
+        assert required <= set(params), f"deployment {dep['name']}: missing {sorted(required - set(params))}"
+        assert "faults" not in params  # test-only
+        # the values themselves pass the flow's own validation (decoder, model spec, device type vs GPUs)
+        cfg_keys = set(inspect.signature(GenerateConfig).parameters)
+        kw = {k: v for k, v in params.items() if k in cfg_keys}
+        kw["prompts"] = tuple(kw["prompts"])
+        GenerateConfig(**kw).validate()
+
+
+def test_prefect_schedules_parse_and_templates_are_ones_prefect_resolves():
+    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.utilities.templating import PLACEHOLDER_CAPTURE_REGEX
+    for dep in _deployments():
+        assert dep["schedules"]
+        for s in dep["schedules"]:
+            CronSchedule(cron=s["cron"], timezone=s.get("timezone", "UTC"))  # raises on a bad cron or zone
+        assert dep["work_pool"]["name"]
+    # `{{ ... }}` that Prefect's placeholder syntax does not match stays literal at run time (e.g. Jinja filters)
+    text = (INFRA / "prefect.yaml").read_text()
+    for m in re.finditer(r"{{.*?}}", text):
+        assert PLACEHOLDER_CAPTURE_REGEX.fullmatch(m.group(0)), f"Prefect will not resolve {m.group(0)!r}"
+
+
+def _extras(spec: str) -> frozenset:
+    m = re.fullmatch(r"""["']?\.(?:\[([^\]]*)\])?["']?""", spec)
+    assert m, spec
+    return frozenset(e.strip() for e in (m.group(1) or "").split(",") if e.strip())
+
+
+def _project_installs(lines: list[str]) -> list[frozenset]:
+    """Extras of every `pip install [-e] .[extras]` of the project in these shell lines."""
+    found = []
+    for line in lines:
+        if "pip install" not in line:
+            continue
+        words = line.split("pip install", 1)[1].split()
+        found += [_extras(w) for w in words if re.fullmatch(r"""["']?\.(\[[^\]]*\])?["']?""", w)]
+    return found
+
+
+def _makefile_recipe(target: str) -> list[str]:
+    lines = (ROOT / "Makefile").read_text().splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith(target + ":"))
+    body = []
+    for line in lines[start + 1:]:
+        if not line.startswith("\t"):
+            break
+        body.append(line.strip())
+    return body
+
+
+def _dockerfile_runs() -> list[str]:
+    text = (INFRA / "Dockerfile").read_text().replace("\\\n", " ")
+    return [l.strip()[4:] for l in text.splitlines() if l.strip().startswith("RUN ")]
+
+
+def test_dockerfile_installs_the_project_as_the_makefile_does_for_runtime():
+    runtime = _project_installs(_makefile_recipe("$(VENV)/.installed"))
+    assert runtime == [frozenset()], runtime  # `pip install -e .`: no extras; `dev` is for tests only
+    docker = _project_installs(_dockerfile_runs())
+    assert docker and set(docker) == set(runtime), docker
+    # torch: the same pinned version (from a CUDA index in the image)
+    pin = re.compile(r"torch==([\w.]+)")
+    make_torch = {m for l in _makefile_recipe("$(VENV)/.installed") for m in pin.findall(l)}
+    docker_torch = {m for l in _dockerfile_runs() for m in pin.findall(l)}
+    assert make_torch and docker_torch == make_torch
+    # the base image carries the Ray version the project pins
+    pinned = re.search(r'"ray\[[^\]]*\]==([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert re.search(rf"rayproject/ray:{re.escape(pinned)}-py311-gpu", (INFRA / "Dockerfile").read_text())
+
+
+def test_prices_load_and_cover_every_device_type_the_deployments_use():
+    from flows.cost import load_prices
+    prices = load_prices(INFRA / "prices.csv")
+    used = {dep["parameters"].get("device_type", "cpu") for dep in _deployments()}
+    assert used <= set(prices), used - set(prices)
+    for dep in _deployments():
+        p = dep["parameters"]
+        gpu = prices[p.get("device_type", "cpu")].unit == "gpu"
+        assert gpu == (float(p.get("gpus_per_actor", 0)) > 0), dep["name"]

@@ -1,0 +1,161 @@
+"""The pipeline on a multi-node Ray cluster, simulated on this machine with `ray.cluster_utils.Cluster`: one
+head without CPUs and worker nodes that declare different logical resources (GPUs are logical here: Ray
+assigns them, the actor finds no CUDA and decodes on the CPU). Checks what a real cluster relies on: actors are
+placed by `num_gpus`, never on the head or a GPU-less node, and a run survives losing a worker node while the
+replacement node takes a while to join (the shards the lost actors held wait for their restart), with every
+prompt exactly once."""
+
+import threading
+import time
+from collections import Counter
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from reference.prompts import eval_prompts
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
+
+MB = 2**20
+# how long the lost node's replacement takes to join: longer than a shard's whole retry budget (5 tries of
+# 3 actor deaths, with backoff) lasts when each resubmission to a restarting actor fails at once
+REPLACEMENT_DELAY_S = 60
+# fast failure detection, so a killed node is declared dead in ~1-2 s instead of ~15 s
+FAST_HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
+                      "health_check_timeout_ms": 500, "health_check_failure_threshold": 3}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """head (0 CPUs) + gpu1 (1 CPU, 1 GPU) + gpu2 (2 CPUs, 2 GPUs) + cpu (2 CPUs, no GPU). Replaces whatever
+    Ray this session had up (the `local_ray` fixture starts it again for later tests)."""
+    import ray
+    from ray.cluster_utils import Cluster
+    ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "num_gpus": 0, "object_store_memory": 100 * MB, "include_dashboard": False,
+        "_system_config": FAST_HEALTH_CHECKS})
+    nodes = {"gpu1": c.add_node(num_cpus=1, num_gpus=1, object_store_memory=100 * MB),
+             "gpu2": c.add_node(num_cpus=2, num_gpus=2, object_store_memory=100 * MB),
+             "cpu": c.add_node(num_cpus=2, num_gpus=0, object_store_memory=100 * MB)}
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    c.named = nodes
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def _write_prompts(path, n):
+    rows = [{"prompt_id": r["prompt_id"], "prompt": r["prompt"]} for r in eval_prompts(n)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return sorted(r["prompt_id"] for r in rows)
+
+
+def _committed_ids(out):
+    """prompt_ids in the committed output, read as a user would: manifest, then the files it names."""
+    man = pq.read_table(f"{out}/manifest.parquet").to_pylist()
+    ids = []
+    for m in man:
+        ids += pq.read_table(m["images_url"].removeprefix("file://"), columns=["prompt_id"]).column(0).to_pylist()
+    return ids
+
+
+def _markers(out):
+    """shard -> commit marker. On a local disk a marker being written can be seen empty for a moment (the
+    create-only open comes before the write), so a read during a run retries."""
+    import json
+    from flows.layout import Output
+    for _ in range(50):
+        try:
+            return Output(str(out)).committed()
+        except json.JSONDecodeError:
+            time.sleep(0.1)
+    return Output(str(out)).committed()
+
+
+def _run(**kw):
+    from flows.pipeline import generate
+    base = dict(decoder="ar", progress=False, gpus_per_actor=1.0, cpus_per_actor=0.5, device_type="l4")
+    return generate(**(base | kw))
+
+
+def test_actors_are_placed_by_their_gpus(cluster, tmp_path):
+    import ray
+    from flows.pipeline import GenerateConfig, _actors
+    ids = {n.node_id: name for name, n in cluster.named.items()}
+    cfg = GenerateConfig(prompts=("x",), actors=3, gpus_per_actor=1.0, cpus_per_actor=0.5, device_type="l4")
+    actors = _actors(cfg, {})  # the flow's own actor construction
+    try:
+        infos = ray.get([a.info.remote() for a in actors])
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+    # 3 one-GPU actors fill exactly the 3 logical GPUs: 1 on gpu1, 2 on gpu2; none on the CPU-only node or the
+    # head, although both have room for 0.5 CPU (the head has no CPUs; the cpu node has 2)
+    assert Counter(ids.get(i["node_id"], "head") for i in infos) == {"gpu1": 1, "gpu2": 2}
+    assert {i["device"] for i in infos} == {"cpu"}  # logical GPUs, no CUDA here: the actor falls back to CPU
+
+    # the flow end to end: every shard's marker names a GPU node and is costed per GPU
+    src = tmp_path / "p.parquet"
+    expected = _write_prompts(src, 6)
+    s = _run(prompts=[str(src)], out=str(tmp_path / "run"), actors=3, shard_size=2, batch_size=2)
+    assert s["images_ok"] == 6 and s["shards_committed"] == 3 and s["reconciles"]
+    markers = _markers(tmp_path / "run")
+    assert {ids.get(m["node_id"]) for m in markers.values()} <= {"gpu1", "gpu2"}
+    assert all(m["devices"] == 1.0 and m["device_type"] == "l4" for m in markers.values())
+    assert sorted(_committed_ids(tmp_path / "run")) == expected
+
+
+def test_run_survives_losing_a_worker_node(cluster, tmp_path, monkeypatch):
+    """3 one-GPU actors fill the cluster's 3 GPUs. After the first commit, the node of a busy actor is killed
+    (not drained), and a replacement node with the same resources joins only a minute later, as an autoscaler's
+    new node would (on a real cluster: minutes). Meanwhile the lost actors cannot restart anywhere; the shards
+    they held must wait for them instead of spending their retries, and the run completes with every prompt
+    exactly once."""
+    import flows.pipeline
+    monkeypatch.setattr(flows.pipeline, "ACTOR_RESTART_WAIT_S", 240.0)  # a failing test must not hang for 15 min
+    gpus = {"gpu1": 1, "gpu2": 2}
+    names = {n.node_id: name for name, n in cluster.named.items()}
+    src = tmp_path / "p.parquet"
+    expected = _write_prompts(src, 24)
+    out = tmp_path / "run"
+    result: dict = {}
+
+    def target():
+        try:
+            result["summary"] = _run(prompts=[str(src)], out=str(out), actors=3, shard_size=4, batch_size=2)
+        except BaseException as e:  # noqa: BLE001 - reported by the assertions below
+            result["error"] = e
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 300
+    while not list(out.glob("shards/*/_SUCCESS.json")) and th.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    first = _markers(out)
+    assert first and th.is_alive(), f"no commit, or the run ended before the node could be lost: {result}"
+    victim_id = next(iter(first.values()))["node_id"]  # this actor goes straight on to its next shard
+    victim = names[victim_id]
+    cluster.remove_node(cluster.named[victim], allow_graceful=False)
+    removed_at = datetime.now(timezone.utc).isoformat()
+    th.join(timeout=REPLACEMENT_DELAY_S)  # no spare GPU anywhere: the lost actors' restarts are pending
+    assert th.is_alive(), f"the run ended while a node was missing: {result}"
+    replacement = cluster.add_node(num_cpus=1, num_gpus=gpus[victim], object_store_memory=100 * MB)
+    th.join(timeout=300)
+    assert not th.is_alive(), "the run did not finish after the node came back"
+    assert "error" not in result, result.get("error")
+    s = result["summary"]
+    assert s["shards_committed"] == 6 and s["images_ok"] == 24 and not s["shards_failed"]
+    ids = _committed_ids(out)
+    assert sorted(ids) == expected and len(set(ids)) == 24  # every prompt exactly once
+    markers = _markers(out)
+    after = [m for m in markers.values() if m["finished_at"] > removed_at]
+    assert after, "every shard committed before the node was removed; nothing was tested"
+    assert victim_id not in {m["node_id"] for m in after}  # work after the loss ran on live nodes only
+    # the lost actor was restarted on the replacement node and committed work there; a model load is charged to
+    # the first shard of each actor incarnation, so 3 actors + at least 1 restart = at least 4 shards with one
+    assert replacement.node_id in {m["node_id"] for m in after}
+    assert sum(m["load_s"] > 0 for m in markers.values()) >= 4

@@ -20,6 +20,10 @@ from .stats import DecodeResult
 from .verify import Relaxation
 
 CSD_DEFAULTS = {"lam": 2.0, "delta": 0.9}  # tuned for forwards on 32 eval prompts, see README (Benchmarks)
+# ssd+csd is the adaptive decoder: block sizes follow content and the batch's compute headroom. The token
+# budget (drafted tokens per forward, batch-wide) is where this CPU's forward cost stops being flat; see
+# README (Benchmarks, throughput by batch size). Pass token_budget=0 to speculate at any batch size.
+SSD_CSD_DEFAULTS = {"adaptive": True, "max_rows": 4, "token_budget": 128}
 DECODER_NAMES = ("ar", "sjd", "csd", "ssd", "ssd+csd")
 _RELAX = {f.name for f in fields(Relaxation)}
 
@@ -40,6 +44,8 @@ def decoder_config(name: str, params: dict | None = None):
     relax = Relaxation(**(CSD_DEFAULTS | {k: params.pop(k) for k in list(params) if k in _RELAX})) \
         if name.endswith("csd") else Relaxation()
     params.pop("heads", None)
+    if name == "ssd+csd":
+        params = SSD_CSD_DEFAULTS | params
     if name.startswith("ssd"):
         return SSDConfig(relax=relax, **params)
     return SJDConfig(relax=relax, **params)

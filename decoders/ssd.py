@@ -129,12 +129,15 @@ class _Drafter:
             head = (self.heads.vertical, self.heads.horizontal)
             e = self.model.embed(buf[bs_t, tok_at][None], tok_at[None])[0]  # [P, E]
             out_c = torch.where(vertical[:, None], head[0](hb[bs_t, src + 1], e), head[1](hb[bs_t, src + 1], e))
-            hb[bs_t, t] = out_c  # ĥ(t - 1), at slot t
+            # ĥ(t - 1), at slot t. Token heads (the ablation) predict no hidden state: a chained draft reuses
+            # its source's hidden state with the new token's embedding.
+            latent = self.heads.cfg.kind == "latent"
+            hb[bs_t, t] = out_c if latent else hb[bs_t, src + 1]
             logits_u = None
             if hbu is not None:
                 out_u = torch.where(vertical[:, None], head[0](hbu[bs_t, src + 1], e),
                                     head[1](hbu[bs_t, src + 1], e))
-                hbu[bs_t, t] = out_u
+                hbu[bs_t, t] = out_u if latent else hbu[bs_t, src + 1]
                 logits_u = self.heads.draft_logits(self.model, out_u)
             probs = processed_probs(self.heads.draft_logits(self.model, out_c), logits_u, self.sc)  # [P, V]
             buf[bs_t, t] = sample_from(probs, u[bs_t, os_t])

@@ -28,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from decoders import decode, decoder_config
+from decoders import decode, decoder_config, load_heads
 from decoders.sampling import SamplingConfig
 
 
@@ -113,7 +113,7 @@ def _sync(model) -> None:
 
 def speed_row(model, name: str, params: dict, prompts: list[str], seeds: list[int], batch_size: int,
               sc: SamplingConfig) -> dict:
-    forwards, committed, latencies = [], [], []
+    forwards, committed, latencies, accepted = [], [], [], []
     batches = 0
     with ForwardCounter(model) as fc:
         _sync(model)
@@ -125,10 +125,13 @@ def speed_row(model, name: str, params: dict, prompts: list[str], seeds: list[in
             latencies += [time.perf_counter() - tb] * len(res.stats)  # a sample is done when its batch is
             forwards += [s.forwards for s in res.stats]
             committed += [s.tokens_per_forward for s in res.stats]
+            accepted += [s.acceptance_rate for s in res.stats]
             batches += 1
         secs = time.perf_counter() - t0
     return {"decoder": _label(name, params), "params": params, "batch_size": batch_size, "n": len(prompts),
             "forwards_per_image": float(np.mean(forwards)), "tokens_per_forward": float(np.mean(committed)),
+            # drafts accepted / drafts verified (nan for ar): the heads' and drafters' quality
+            "acceptance_rate": float(np.nanmean(accepted)) if not np.all(np.isnan(accepted)) else None,
             "seconds_per_image": secs / len(prompts), "images_per_s": len(prompts) / secs,
             "latency_p50_s": float(np.percentile(latencies, 50)), "latency_p90_s": float(np.percentile(latencies, 90)),
             # model calls, for flows.projection (a batch runs as long as its slowest sample): forwards per
@@ -185,13 +188,18 @@ def check_args(specs: list[str], batch_sizes: list[int]) -> None:
 
 def bench(model, specs: list[str], n: int, batch_sizes: list[int], quality_n: int, sc: SamplingConfig,
           quality_batch: int = 64, seed: int = 0, log=print, device_type: str = "cpu",
-          warmup: bool | None = None) -> dict:
-    """`warmup` (default: on CUDA only) decodes one prompt per decoder first, untimed (CUDA/cuBLAS start-up)."""
+          warmup: bool | None = None, quality_decoders: list[str] | None = None) -> dict:
+    """`warmup` (default: on CUDA only) decodes one prompt per decoder first, untimed (CUDA/cuBLAS start-up).
+    `quality_decoders`: the decoder specs to score for quality (default: all); lossless decoders sample AR's
+    distribution by construction (tested exactly and statistically), so a run may spend its time elsewhere."""
     from reference.evaluate import evaluate
     from reference.prompts import eval_prompts
     check_args(specs, batch_sizes)
     dev, price, devices = resolve_device(str(getattr(model, "device", "cpu")), device_type)
     decs = [parse_decoder_spec(s) for s in specs]
+    for name, params in decs:
+        if name.startswith("ssd"):  # missing heads fail now, not after the other decoders ran; loading is untimed
+            load_heads(model, params.get("heads"))
     if "ar" not in [d[0] for d in decs]:
         decs.insert(0, ("ar", {}))  # speedups are ratios to ar measured in this run
     rows_ = eval_prompts(n)
@@ -220,8 +228,15 @@ def bench(model, specs: list[str], n: int, batch_sizes: list[int], quality_n: in
         for row in rows:
             if row["batch_size"] == bs:
                 row["speedup_vs_ar"] = ar_sec / row["seconds_per_image"]
+    if quality_decoders is not None:
+        unknown = set(quality_decoders) - {s.strip() for s in specs} - {"ar"}
+        if unknown:
+            raise ValueError(f"--quality-decoders {sorted(unknown)} are not among --decoders")
     if quality_n:
         for name, params in decs:
+            if quality_decoders is not None and _label(name, params) not in \
+                    {_label(*parse_decoder_spec(q)) for q in quality_decoders}:
+                continue
             q = evaluate(model, name, quality_n, quality_batch, seed, sc, params)
             log(f"quality {_label(name, params):<27}: scene {q['scene_accuracy']:.3f}, object "
                 f"{q['object_accuracy']:.3f}, FD {q['fd']:.2f}")

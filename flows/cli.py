@@ -206,6 +206,8 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
              device_type: str = typer.Option("cpu", help="price row in infra/prices.csv (cpu, l4, h100, ...)"),
              ray_address: Optional[str] = typer.Option(None, help="attach to a Ray cluster (default: RAY_ADDRESS, "
                                                                    "else a local Ray)"),
+             cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit to hold "
+                                                                     "a slot of per GPU (per actor on CPUs)"),
              seed: int = typer.Option(0, help="run seed; a row's own `seed` column wins"),
              cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK, top_p: float = TOPP,
              window: Optional[int] = WINDOW, init: Optional[str] = INIT, lam: Optional[float] = LAM,
@@ -227,7 +229,8 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
     summary = flow(prompts=prompts, out=out, model=model or "reference", decoder=decoder, params=params,
                    cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, shard_size=shard_size,
                    batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor,
-                   device_type=device_type, ray_address=ray_address, progress=progress)
+                   device_type=device_type, ray_address=ray_address, cluster_limit=cluster_limit,
+                   progress=progress)
     _print_summary(summary)
 
 
@@ -246,14 +249,16 @@ def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or g
           out: str = typer.Option(..., help="output URL; `{date}` becomes the run's scheduled date"),
           cron: str = typer.Option("0 2 * * *", help="schedule (cron, UTC)"), name: str = "nightly",
           decoder: str = "ar", model: Optional[str] = MODEL, shard_size: int = 256, batch_size: int = 16,
-          actors: int = 2, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu"):
+          actors: int = 2, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
+          cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit (see generate)")):
     """Serve the generation flow as a Prefect deployment on a cron schedule (runs until stopped)."""
     from flows.pipeline import generate as flow
     _check_decoder(decoder, {})
     flow.serve(name=name, cron=cron, parameters={
         "prompts": prompts, "out": out, "model": model or "reference", "decoder": decoder, "shard_size": shard_size,
         "batch_size": batch_size, "actors": actors, "cpus_per_actor": cpus_per_actor,
-        "gpus_per_actor": gpus_per_actor, "device_type": device_type, "progress": False})
+        "gpus_per_actor": gpus_per_actor, "device_type": device_type, "cluster_limit": cluster_limit,
+        "progress": False})
 
 
 @app.command()
@@ -368,6 +373,8 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
               n: int = typer.Option(64, help="eval prompts timed per decoder and batch size"),
               batch_sizes: str = typer.Option("1", help="comma-separated batch sizes"),
               quality_n: int = typer.Option(1024, help="eval prompts for scene accuracy and FD (0 = skip)"),
+              quality_decoders: Optional[str] = typer.Option(None, help="comma-separated specs to score for "
+                                                             "quality (default: all of --decoders)"),
               json_path: Optional[Path] = typer.Option(None, "--json"),
               html: Optional[Path] = typer.Option(None, "--html", help="write a standalone HTML report here"),
               device_type: str = typer.Option("cpu", help="price row in infra/prices.csv for $ per 1k images "
@@ -389,7 +396,8 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
         parse_decoder_spec(s)
     resolve_device(device, device_type)
     res = bench(_model_on(model, device), specs, n, sizes, quality_n, _sampling(cfg, temperature, top_k, top_p),
-                seed=seed, log=typer.echo, device_type=device_type)
+                seed=seed, log=typer.echo, device_type=device_type,
+                quality_decoders=[q for q in quality_decoders.split(",") if q.strip()] if quality_decoders else None)
     cols = ("decoder", "batch_size", "forwards_per_image", "tokens_per_forward", "seconds_per_image",
             "speedup_vs_ar", "usd_per_1k_images", "scene_accuracy", "object_accuracy", "fd")
     typer.echo(" | ".join(cols))
@@ -467,6 +475,21 @@ def bench_pipeline_cmd(n: int = 128, decoder: str = "ar", batch_size: int = 16, 
     from flows.bench_pipeline import run
     res = run(n=n, decoder=decoder, batch_size=batch_size, threads=threads, shard_size=shard_size, log=typer.echo)
     typer.echo(json.dumps(res, indent=1))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+
+
+@app.command("bench-scaling")
+@friendly
+def bench_scaling_cmd(sides: str = typer.Option("8,16,32", help="grid sides n"), n: int = 8,
+                      reference_bench: Optional[str] = typer.Option("docs/results/bench_main.json",
+                                                                    help="bench JSON of the trained 16x16 model"),
+                      plot: Path = typer.Option(Path("docs/ssd_scaling.png")),
+                      json_path: Optional[Path] = typer.Option(None, "--json")):
+    """SSD's scaling claim: forwards per image against grid side n, with a log-log plot."""
+    from flows.bench_scaling import run
+    res = run(tuple(int(x) for x in sides.split(",")), n, reference_bench, str(plot), log=typer.echo)
+    typer.echo(json.dumps(res["loglog_slope"], indent=1))
     if json_path:
         json_path.write_text(json.dumps(res, indent=1))
 

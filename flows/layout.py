@@ -109,6 +109,8 @@ class Output:
         p = posixpath.join(self.shard_dir(shard), MARKER)
         data = json.dumps(marker, indent=1, sort_keys=True).encode()
         self._parent(p)
+        if self.protocol in ("file", "local"):
+            return _link_create(p, data)
         try:
             with self.fs.open(p, "xb") as f:
                 f.write(data)
@@ -163,6 +165,22 @@ class Output:
         self._parent(self.path(SUMMARY))
         self.fs.pipe_file(self.path(SUMMARY), json.dumps(summary, indent=1, sort_keys=True).encode())
         return self.full_url(self.path(SUMMARY))
+
+
+def _link_create(path: str, data: bytes) -> bool:
+    """Create-only and atomic on a local disk: write a private temp file, then hard-link it into place
+    (link fails if the name exists), so a reader never sees a half-written marker."""
+    import os
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
 
 
 def shard_tables(samples: list[dict], rows: list[dict], decoder: str, model: str) -> tuple[pa.Table, pa.Table]:

@@ -77,8 +77,8 @@ def fmt(v, digits: int = 3) -> str:
     if isinstance(v, float):
         if not math.isfinite(v):
             return "n/a"
-        if v != 0 and abs(v) < 10 ** -digits:
-            return f"{v:.2e}"
+        if v != 0 and (abs(v) < 0.1 or abs(v) >= 1e6):
+            return f"{v:.{digits}g}"
         return f"{v:,.{digits}f}"
     if isinstance(v, int):
         return f"{v:,}"
@@ -128,7 +128,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 def pareto_plot(rows: list[dict]) -> bytes:
     """Speedup vs AR (x) against scene accuracy (y), a point per decoder and batch size."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = plt.subplots(figsize=(4.9, 3.6))
     colours = _colour_map(_decoders(rows))
     markers = "osD^v<>ph*"
     sizes = sorted({r["batch_size"] for r in rows})
@@ -143,9 +143,9 @@ def pareto_plot(rows: list[dict]) -> bytes:
                            marker=markers[sizes.index(r["batch_size"]) % len(markers)])
         ax.set_ylim(-1, 1)
         ax.set_yticks([])
-        ax.text(0.5, 0.5, "quality skipped (--quality-n 0):\nno scene accuracy measured in this run;\n"
+        ax.text(0.5, 0.82, "quality skipped (--quality-n 0):\nno scene accuracy measured in this run;\n"
                           "points show speedup only", transform=ax.transAxes, ha="center", va="center",
-                fontsize=11, color="#b00020", bbox=dict(facecolor="#fff8e1", edgecolor="#f0b400"))
+                fontsize=9, color="#b00020", bbox=dict(facecolor="#fff8e1", edgecolor="#f0b400"))
     else:
         pts = [(r["speedup_vs_ar"], r["scene_accuracy"]) for r in have_q]
         for r in have_q:
@@ -160,7 +160,7 @@ def pareto_plot(rows: list[dict]) -> bytes:
                 for i, b in enumerate(sizes)]
     if have_q:
         handles.append(plt.Line2D([], [], color="#999", ls="--", label="Pareto front"))
-    ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
     ax.grid(alpha=0.3)
     return fig_png(fig)
 
@@ -168,7 +168,7 @@ def pareto_plot(rows: list[dict]) -> bytes:
 def throughput_plot(rows: list[dict]) -> bytes:
     """Images/s against batch size (log x), a line per decoder."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = plt.subplots(figsize=(4.9, 3.6))
     colours = _colour_map(_decoders(rows))
     for d, c in colours.items():
         rs = sorted((r for r in rows if r["decoder"] == d), key=lambda r: r["batch_size"])
@@ -181,7 +181,7 @@ def throughput_plot(rows: list[dict]) -> bytes:
     ax.set_ylabel("images / s")
     ax.set_title("throughput vs batch size")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
     return fig_png(fig)
 
 
@@ -210,8 +210,9 @@ def bench_html(res: dict) -> str:
     if not quality:
         body.append('<p class="note">Quality was skipped in this run (--quality-n 0): no scene accuracy, '
                     "object accuracy or FD.</p>")
-    body += ["<h2>Speed vs quality</h2>", img_tag(pareto_plot(rows), "Pareto plot: speedup vs scene accuracy"),
-             "<h2>Throughput</h2>", img_tag(throughput_plot(rows), "images/s vs batch size")]
+    body += ['<div class="grid"><div><h2>Speed vs quality</h2>',
+             img_tag(pareto_plot(rows), "Pareto plot: speedup vs scene accuracy"),
+             "</div><div><h2>Throughput</h2>", img_tag(throughput_plot(rows), "images/s vs batch size"), "</div></div>"]
     return page(f"ssdgen bench: {res.get('model', '')}", "\n".join(body), meta)
 
 

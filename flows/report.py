@@ -218,7 +218,7 @@ def build_html(run: dict, samples: int = 24) -> str:
         pair = np.concatenate([img, np.full((img.shape[0], 2, 3), 255, np.uint8), heatmap_overlay(img, cm)], axis=1)
         spec = float(np.isin(cm, SPECULATED).mean())
         cap = f"{im['prompt']} (speculated {spec:.0%}, {st_by_id[im['prompt_id']]['forwards']} forwards)"
-        body.append(f'<div class="tile heatmap" style="width: 392px">'
+        body.append(f'<div class="tile heatmap" data-prompt-id="{plots.esc(im["prompt_id"])}" style="width: 392px">'
                     f'{plots.img_tag(plots.array_png(pair, scale=max(1, 192 // max(1, img.shape[0]))), cap)}'
                     f"<div>{plots.esc(cap)}</div></div>")
         n_maps += 1

@@ -1,5 +1,6 @@
-"""A tiny randomly initialised reference-architecture model with peaked, context-dependent distributions,
-for decoder tests that must run in seconds (the way transformers' tests build tiny configs)."""
+"""A tiny randomly initialised reference-architecture model with peaked, context-dependent distributions:
+for decoder tests that must run in seconds (the way transformers' tests build tiny configs), and for the
+structural SSD scaling benchmark over grid sizes no trained model here has."""
 
 from pathlib import Path
 

@@ -1,0 +1,534 @@
+"""PROJECTION, not measurement: images/s and $ per 1,000 images for each decoder and batch size on a named
+accelerator and model size, from a bench's measured acceptance statistics and a roofline model.
+
+Inputs
+  - a `ssdgen bench --json` result: per decoder and batch size, forwards per image (so committed tokens per
+    forward, tau = grid tokens / forwards), forwards per batch (a batch runs until its slowest sample ends),
+    and query tokens fed per row and forward (1 for ar, the window L for sjd/csd, the drafted rows for ssd);
+  - an accelerator (`ACCELERATORS`: memory bandwidth, peak dense bf16 FLOP/s, memory, with sources; the price
+    is the `infra/prices.csv` row of the same name, one GPU);
+  - a model (`MODELS`: parameters, layers, width, KV width, prompt tokens, bytes per value) and a token grid.
+
+Method (per forward of a batch of b images, c = 2 rows per image with CFG, else 1; R = b*c rows)
+  tokens in flight  T   = R * S                  S = query tokens per row (ssd: drafted rows * grid width)
+  FLOPs                 = 2 * params * T
+  bytes moved           = weight bytes (read once per forward) + R * ctx * kv_bytes_per_token
+                          ctx = prompt + grid_tokens / 2 (the mean position while the image is drawn)
+                          kv_bytes_per_token = 2 (K, V) * layers * kv_width * bytes_per_value
+  time per forward      = max(bytes / (bandwidth * bw_eff), FLOPs / (peak * flops_eff)) + overhead_per_forward
+  prefill               = one forward over R * prompt tokens (ctx = prompt / 2)
+  forwards per batch    = 1 (prefill) + (grid_tokens / tau - 1) * (measured forwards per batch / forwards per image)
+  s / image             = (prefill + steps * time per forward) / b;  $ / 1k images = s / image * $/GPU-h / 3.6
+  KV cap on the batch   = floor((memory * mem_util - weight bytes) / (c * kv_bytes_per_token * (prompt + grid + S)))
+
+Assumptions (stated in every result under "assumptions"):
+  - tau (tokens committed per forward) and the batch's slowest-sample factor carry over from the measured
+    model and grid to the projected ones unchanged; acceptance really depends on the model and content;
+  - ssd drafts whole rows, so its S scales with the grid width; sjd/csd windows do not;
+  - roofline: no kernel-launch/Python overhead (overhead_per_forward = 0 unless given), bandwidth and peak
+    reached in full (bw_eff = flops_eff = 1 unless given), attention-score FLOPs (4 * layers * ctx * width per
+    token: ~5% of 2*params at 7B/48x48's mean context, 9% at its end), activation traffic and KV writes left out;
+  - one image per CFG pair of rows; a batch larger than the KV cap is reported as not fitting (no throughput);
+  - price: on-demand $ per GPU-hour from infra/prices.csv; VQ decoding of tokens to pixels is not counted.
+
+`calibrate(bench)` applies the same method to the bench's own model on this CPU, with this CPU's bandwidth
+and FLOP/s measured by a torch copy / matmul microbenchmark, and reports the error of the predicted s/image
+against the measured one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+LABEL = "projection"
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    mem_bw: float  # bytes/s
+    peak_flops: float  # FLOP/s, dense bf16 tensor (or what the device runs the model in)
+    mem_bytes: float
+    source: str
+    price_row: str | None = None  # device_type in infra/prices.csv
+
+
+ACCELERATORS: dict[str, Accelerator] = {
+    "h100": Accelerator("NVIDIA H100 SXM5 80GB", 3.35e12, 989e12, 80e9,
+                        "NVIDIA H100 datasheet (SXM5): 3.35 TB/s HBM3, BF16 tensor 1,979 TFLOP/s with sparsity = "
+                        "989 dense, 80 GB", "h100"),
+    "h200": Accelerator("NVIDIA H200 SXM 141GB", 4.8e12, 989e12, 141e9,
+                        "NVIDIA H200 datasheet: 4.8 TB/s HBM3e, 141 GB, BF16 tensor 1,979 TFLOP/s sparse = 989 "
+                        "dense (same compute as H100 SXM)", "h200"),
+    "a100-40gb": Accelerator("NVIDIA A100 SXM4 40GB", 1.555e12, 312e12, 40e9,
+                             "NVIDIA A100 datasheet: 40 GB HBM2 at 1,555 GB/s, BF16 tensor 312 TFLOP/s dense",
+                             "a100-40gb"),
+    "l4": Accelerator("NVIDIA L4 24GB", 300e9, 121e12, 24e9,
+                      "NVIDIA L4 datasheet: 24 GB GDDR6 at 300 GB/s, BF16 tensor 242 TFLOP/s with sparsity = 121 "
+                      "dense", "l4"),
+    "a10g": Accelerator("NVIDIA A10G 24GB (AWS g5)", 600e9, 125e12, 24e9,
+                        "600 GB/s and 24 GB GDDR6 as for the A10 (baseten.co, 'NVIDIA A10 vs A10G for ML model "
+                        "inference'); 125 TFLOP/s is the A10 datasheet's dense BF16 tensor figure: the same page says "
+                        "the A10G's tensor compute is lower, so compute-bound rows here are optimistic", "a10g"),
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    params: float
+    layers: int
+    dim: int
+    kv_dim: int  # width of K (= of V) per token per layer: dim for MHA, less with GQA/MQA
+    prompt_len: int  # prompt tokens before the image (both CFG rows)
+    bytes_per_value: float = 2.0  # bf16 weights and KV cache
+
+
+MODELS: dict[str, ModelSpec] = {
+    # LLaMA-style shapes; params ~ 12 * layers * dim^2 + embeddings. Prompt: 120 text tokens (LlamaGen's T5 length).
+    "1b": ModelSpec("1B (24 layers, width 1792, MHA)", 1.0e9, 24, 1792, 1792, 120),
+    "7b": ModelSpec("7B (32 layers, width 4096, MHA; LLaMA-7B / Chameleon-7B shape)", 7.0e9, 32, 4096, 4096, 120),
+}
+
+MEM_UTIL = 0.90  # share of device memory usable for weights + KV cache (the rest: activations, allocator, CUDA)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    bw_eff: float = 1.0
+    flops_eff: float = 1.0
+    overhead_per_forward: float = 0.0  # seconds per forward (kernel launches, Python) added to the roofline
+
+
+def kv_bytes_per_token(m: ModelSpec) -> float:
+    return 2 * m.layers * m.kv_dim * m.bytes_per_value
+
+
+def forward_time(acc: Accelerator, m: ModelSpec, rows: float, tokens_per_row: float, ctx: float,
+                 rf: Roofline = Roofline()) -> dict:
+    """One forward of `rows` sequences, each feeding `tokens_per_row` query tokens against `ctx` cached ones."""
+    tokens = rows * tokens_per_row
+    flops = 2.0 * m.params * tokens
+    bytes_ = m.params * m.bytes_per_value + rows * ctx * kv_bytes_per_token(m)
+    t_mem = bytes_ / (acc.mem_bw * rf.bw_eff)
+    t_flop = flops / (acc.peak_flops * rf.flops_eff)
+    return {"tokens_in_flight": tokens, "flops": flops, "bytes": bytes_, "t_memory_s": t_mem, "t_compute_s": t_flop,
+            "bound": "memory" if t_mem >= t_flop else "compute", "seconds": max(t_mem, t_flop) + rf.overhead_per_forward}
+
+
+def kv_cap(acc: Accelerator, m: ModelSpec, grid_tokens: int, cfg: bool, spare: int = 0) -> int:
+    """Largest batch (images) whose KV cache fits next to the weights."""
+    per_image = (2 if cfg else 1) * kv_bytes_per_token(m) * (m.prompt_len + grid_tokens + spare)
+    free = acc.mem_bytes * MEM_UTIL - m.params * m.bytes_per_value
+    return max(0, int(free // per_image))
+
+
+# ----------------------------------------------------------------------------------- measured stats
+
+@dataclass(frozen=True)
+class DecoderStats:
+    """Acceptance statistics of one decoder at one measured batch size (from a bench row)."""
+    decoder: str
+    batch_size: int
+    forwards_per_image: float
+    forwards_per_batch: float
+    tokens_fed_per_forward: float  # query tokens per row per step forward
+    grid_tokens: int
+    grid_width: int
+    row_drafting: bool  # ssd: S scales with the grid width
+    derived: tuple[str, ...] = ()  # fields filled in from the decoder's parameters (older bench JSON)
+    effective_batch: float = 0.0  # images per decode call actually run (n / batches: n < batch size runs fewer)
+
+    @property
+    def tau(self) -> float:
+        return self.grid_tokens / self.forwards_per_image
+
+    @property
+    def batch_factor(self) -> float:
+        return self.forwards_per_batch / self.forwards_per_image
+
+
+def _fed_from_params(row: dict, grid_width: int) -> float:
+    name = row["decoder"].split(":")[0]
+    params = row.get("params") or {}
+    if name == "ar":
+        return 1.0
+    if name in ("sjd", "csd"):
+        return float(params.get("window", 16))
+    adaptive = params.get("adaptive", name == "ssd+csd")  # ssd+csd adapts between rows and max_rows (default 4)
+    rows = params.get("max_rows", 4) if adaptive else params.get("rows", 2)
+    return float(rows * grid_width)
+
+
+def as_bench(d: dict) -> dict:
+    """A bench JSON as is; an `ssdgen eval --json` result as a one-row bench (its decoder at its batch size)."""
+    if "rows" in d:
+        return d
+    if "details" in d and "seconds_per_image" in d:
+        det = d["details"]
+        params = det.get("params") or {}
+        return {"model": d["model"], "device": f"cpu ({det.get('threads', '?')} threads)", "date": None,
+                "sampling": det.get("sampling") or {},
+                "rows": [{"decoder": d["decoder"] + "".join(f":{k}={v}" for k, v in params.items()), "params": params,
+                          "batch_size": d["batch_size"], "n": d["n"], "forwards_per_image": d["forwards_per_image"],
+                          "seconds_per_image": d["seconds_per_image"], "batches": math.ceil(d["n"] / d["batch_size"])}]}
+    raise ValueError("not a bench JSON (no 'rows') nor an eval JSON")
+
+
+def decoder_stats(bench: dict, assume_no_straggler: bool = False) -> list[DecoderStats]:
+    """`assume_no_straggler`: a row without forwards_per_batch at batch > 1 (older JSON) takes forwards per
+    image for it, a lower bound on the batch's forwards (exact for ar); otherwise such a row is an error."""
+    info = bench.get("model_info") or _reference_info(bench)
+    grid = info.get("grid") or [16, 16]
+    n_tok, width = int(grid[0] * grid[1]), int(grid[1])
+    out = []
+    for r in bench["rows"]:
+        derived = []
+        fpb = r.get("forwards_per_batch")
+        if fpb is None:
+            if r["batch_size"] != 1 and not r["decoder"].startswith("ar") and not assume_no_straggler:
+                raise ValueError(f"bench row {r['decoder']} at batch {r['batch_size']} has no forwards_per_batch "
+                                 "(an older bench JSON): rerun `ssdgen bench` to project batches > 1 from it")
+            fpb = r["forwards_per_image"]
+            if not (r["decoder"] == "ar" or r["batch_size"] == 1):  # exact for ar and at batch 1
+                derived.append("forwards_per_batch")
+        fed = r.get("tokens_fed_per_forward")
+        if fed is None:
+            fed = _fed_from_params(r, width)
+            if not r["decoder"].startswith("ar"):
+                derived.append("tokens_fed_per_forward")
+        eff = r["n"] / r["batches"] if r.get("batches") else min(r["batch_size"], r.get("n", r["batch_size"]))
+        out.append(DecoderStats(r["decoder"], int(r["batch_size"]), float(r["forwards_per_image"]), float(fpb),
+                                float(fed), n_tok, width, r["decoder"].startswith("ssd"), tuple(derived), float(eff)))
+    return out
+
+
+def _reference_info(bench: dict) -> dict:
+    """model_info for bench JSON written before it was recorded: the bundled reference model's config."""
+    if bench.get("model") != "scenes-reference":
+        return {}
+    from reference.weights import DEFAULT_DIR
+    cfg = json.loads((Path(DEFAULT_DIR) / "config.json").read_text())["gpt"]
+    d, L, h = cfg["dim"], cfg["n_layers"], cfg["mlp_hidden"]
+    V = cfg["n_image_codes"] + cfg["n_caption_words"]
+    params = V * d + cfg["grid"] ** 2 * d + L * (4 * d * d + 3 * d * h + 2 * d) + d + d * cfg["n_image_codes"]
+    return {"grid": [cfg["grid"], cfg["grid"]], "params": params, "layers": L, "dim": d, "kv_dim": d,
+            "prompt_len": cfg["caption_len"], "bytes_per_param": 4, "derived": True}
+
+
+def stats_for_batch(stats: list[DecoderStats], decoder: str, batch: int) -> DecoderStats:
+    """The measured row at this batch size, else the one at the nearest measured batch size (log scale)."""
+    rows = [s for s in stats if s.decoder == decoder]
+    return min(rows, key=lambda s: (abs(math.log(s.batch_size) - math.log(batch)), -s.batch_size))
+
+
+# --------------------------------------------------------------------------------------- projection
+
+def project_one(st: DecoderStats, acc: Accelerator, m: ModelSpec, grid: int, batch: int, cfg: bool,
+                price_per_hour: float | None, rf: Roofline = Roofline()) -> dict:
+    n_tok = grid * grid
+    c = 2 if cfg else 1
+    S = st.tokens_fed_per_forward * (grid / st.grid_width if st.row_drafting else 1.0)
+    fwd_image = n_tok / st.tau
+    steps = max(0.0, (fwd_image - 1.0) * st.batch_factor)
+    rows = batch * c
+    pre = forward_time(acc, m, rows, m.prompt_len, m.prompt_len / 2, rf)
+    step = forward_time(acc, m, rows, S, m.prompt_len + n_tok / 2, rf)
+    cap = kv_cap(acc, m, n_tok, cfg, spare=int(math.ceil(S)))
+    fits = batch <= cap
+    batch_s = pre["seconds"] + steps * step["seconds"]
+    spi = batch_s / batch
+    return {"label": LABEL, "decoder": st.decoder, "batch_size": batch, "stats_from_batch": st.batch_size,
+            "tokens_per_forward": st.tau, "forwards_per_image": fwd_image, "forwards_per_batch": 1 + steps,
+            "tokens_fed_per_row": S, "tokens_in_flight": step["tokens_in_flight"], "bound": step["bound"],
+            "seconds_per_forward": step["seconds"], "prefill_s": pre["seconds"], "kv_cap_batch": cap,
+            "fits": fits, "kv_gb_per_image": c * kv_bytes_per_token(m) * (m.prompt_len + n_tok + S) / 1e9,
+            "seconds_per_image": spi if fits else None, "images_per_s": 1 / spi if fits else None,
+            "usd_per_1k_images": (spi * price_per_hour / 3.6) if fits and price_per_hour is not None else None}
+
+
+ASSUMPTIONS = [
+    "PROJECTION from a roofline model, not a measurement.",
+    "Tokens committed per forward (tau) and the batch's slowest-sample factor are the bench's measured values "
+    "for the bench's model and grid, carried over unchanged to the projected model and grid.",
+    "ssd drafts whole rows (tokens fed per forward scale with the grid width); sjd/csd windows do not.",
+    "Time per forward = max(bytes / bandwidth, FLOPs / peak): weights read once per forward plus the KV cache "
+    "of every row (mean context = prompt + grid tokens / 2); FLOPs = 2 * params * tokens in flight; "
+    "attention-score FLOPs (~5% of 2 * params at 7B / 48x48), activations and KV writes are left out.",
+    "No kernel-launch or framework overhead (overhead per forward 0 s) and peak bandwidth / FLOP/s reached "
+    "(efficiency 1.0) unless given: the projected throughput is an upper bound.",
+    "CFG doubles the rows of every forward and the KV cache per image; a batch is capped by the KV cache that "
+    f"fits in {MEM_UTIL:.0%} of device memory beside the weights.",
+    "One GPU at its on-demand price from infra/prices.csv; VQ decoding to pixels and I/O are not counted.",
+]
+
+
+def project(bench: dict, accelerators: list[str], models: list[tuple[str, int]], batch_sizes: list[int],
+            cfg: bool = True, rf: Roofline = Roofline()) -> dict:
+    from flows.cost import price_for
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise ValueError(f"batch sizes must be integers >= 1, got {batch_sizes}")
+    unknown = [a for a in accelerators if a not in ACCELERATORS]
+    if unknown or not accelerators:
+        raise ValueError(f"unknown accelerator(s) {unknown or accelerators}; known: {', '.join(ACCELERATORS)}")
+    stats = decoder_stats(bench)
+    decoders = list(dict.fromkeys(s.decoder for s in stats))
+    rows = []
+    for a in accelerators:
+        acc = ACCELERATORS[a]
+        price = price_for(acc.price_row).on_demand_usd_per_hour if acc.price_row else None
+        for mname, grid in models:
+            m = MODELS[mname]
+            for d in decoders:
+                for b in batch_sizes:
+                    r = project_one(stats_for_batch(stats, d, b), acc, m, grid, b, cfg, price, rf)
+                    rows.append({"accelerator": a, "model": mname, "grid": grid} | r)
+    return {"label": LABEL, "assumptions": ASSUMPTIONS, "bench": {k: bench.get(k) for k in ("model", "device", "date")},
+            "cfg": cfg, "roofline": asdict(rf),
+            "accelerators": {a: asdict(ACCELERATORS[a]) for a in accelerators},
+            "models": {mn: asdict(MODELS[mn]) for mn in dict.fromkeys(m for m, _ in models)},
+            "derived_fields": sorted({f for s in stats for f in s.derived}), "rows": rows}
+
+
+# --------------------------------------------------------------------------------------- calibration
+
+def measure_cpu(working_set_bytes: float | None = None, seconds: float = 0.5, threads: int | None = None,
+                device: str = "cpu") -> dict:
+    """This machine's effective copy bandwidth (bytes read + written per second) at 256 MB (DRAM; 1 GB on a GPU)
+    and, if given, at a working set of the model's weight size (cache-resident for a small model), and fp32
+    matmul FLOP/s (1024^3 on a CPU, 4096^3 on a GPU, TF32 off). Best of repeated runs, so a busy machine reads
+    closer to what it can do. `device="cuda"` measures the GPU instead."""
+    import torch
+    if threads:
+        torch.set_num_threads(threads)
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def best(fn, work):
+        fn()
+        sync()
+        best_t, t_end = float("inf"), time.perf_counter() + seconds
+        while time.perf_counter() < t_end:
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            best_t = min(best_t, time.perf_counter() - t0)
+        return work / best_t
+
+    def bw(nbytes):
+        n = max(1024, int(nbytes // 4))
+        a, b = torch.rand(n, device=dev), torch.empty(n, device=dev)
+        return best(lambda: b.copy_(a), 2 * 4 * n)
+
+    k = 4096 if dev.type == "cuda" else 1024
+    a, b = torch.rand(k, k, device=dev), torch.rand(k, k, device=dev)
+    flops = best(lambda: torch.mm(a, b), 2 * k ** 3)
+    out = {"device": str(dev), "flops": flops, "bw_dram": bw(1e9 if dev.type == "cuda" else 256e6),
+           "threads": torch.get_num_threads()}
+    if working_set_bytes:
+        out["bw_model"] = bw(working_set_bytes)
+        out["working_set_bytes"] = working_set_bytes
+    return out
+
+
+def calibrate(bench: dict, cpu: dict | None = None, rf: Roofline = Roofline(), bandwidth: str = "bw_dram") -> dict:
+    """Predict the bench's own s/image on this CPU with the projection's method; error in % per row.
+    `bandwidth`: "bw_model" (copy bandwidth at the weights' size: the cache level the weights live in) or
+    "bw_dram"."""
+    info = bench.get("model_info") or _reference_info(bench)
+    if not info.get("params"):
+        raise ValueError("the bench JSON has no model_info (params, layers, ...): cannot calibrate")
+    m = ModelSpec("bench model", float(info["params"]), int(info["layers"]), int(info["dim"]), int(info["kv_dim"]),
+                  int(info["prompt_len"]), float(info.get("bytes_per_param", 4)))
+    cpu = cpu or measure_cpu(m.params * m.bytes_per_value)
+    acc = Accelerator(f"this machine ({cpu.get('device', 'cpu')})", cpu[bandwidth], cpu["flops"], 1e12,
+                      "measured: torch copy / fp32 matmul")
+    cfg = float((bench.get("sampling") or {}).get("cfg_scale", 1.0)) != 1.0
+    grid = int((info.get("grid") or [16])[0])
+    out = []
+    for st, meas in zip(decoder_stats(bench, assume_no_straggler=True), bench["rows"]):
+        p = project_one(st, acc, m, grid, st.effective_batch or st.batch_size, cfg, None, rf)
+        out.append({"source": meas.get("source"), "decoder": st.decoder, "batch_size": st.batch_size, "images_per_batch": p["batch_size"],
+                    "bound": p["bound"], "derived": list(st.derived),
+                    "predicted_s_per_image": p["seconds_per_image"], "measured_s_per_image": meas["seconds_per_image"],
+                    "error_pct": 100 * (p["seconds_per_image"] - meas["seconds_per_image"]) / meas["seconds_per_image"],
+                    "predicted_s_per_forward": p["seconds_per_forward"],
+                    "measured_s_per_forward": meas["seconds_per_image"] * (st.effective_batch or st.batch_size)
+                    / st.forwards_per_batch})
+    return {"label": LABEL + " (calibration on this CPU)", "cpu": cpu, "bandwidth_used": bandwidth,
+            "roofline": asdict(rf), "model": asdict(m), "cfg": cfg, "rows": out,
+            "mean_abs_error_pct": sum(abs(r["error_pct"]) for r in out) / len(out)}
+
+
+def calibrate_with_overhead(bench: dict, cpu: dict, fit_on: tuple[str, int] = ("ar", 1),
+                            bandwidth: str = "bw_dram") -> dict:
+    """Roofline + one fixed per-forward overhead, fitted on one row (default: ar at batch 1) and checked on
+    the others (the fitted row's own error is ~0 by construction)."""
+    base = calibrate(bench, cpu, bandwidth=bandwidth)
+    fit = next((r for r in base["rows"] if r["decoder"] == fit_on[0] and r["batch_size"] == fit_on[1]), None)
+    if fit is None:
+        raise ValueError(f"no {fit_on[0]} row at batch {fit_on[1]} to fit the overhead on")
+    overhead = max(0.0, fit["measured_s_per_forward"] - fit["predicted_s_per_forward"])
+    res = calibrate(bench, cpu, Roofline(overhead_per_forward=overhead), bandwidth=bandwidth)
+    held = [r for r in res["rows"] if r is not res["rows"][base["rows"].index(fit)]]
+    res["fitted_on"] = list(fit_on)
+    res["overhead_per_forward_s"] = overhead
+    res["mean_abs_error_pct_held_out"] = sum(abs(r["error_pct"]) for r in held) / len(held) if held else None
+    return res
+
+
+def calibrate_fitted(bench: dict, cpu: dict, bandwidth: str = "bw_dram") -> dict:
+    """Two constants fitted, the rest held out: the per-forward overhead on ar at batch 1, then the matmul
+    efficiency (share of the measured peak FLOP/s) on the compute-bound row of the largest batch."""
+    over = calibrate_with_overhead(bench, cpu, bandwidth=bandwidth)
+    ov = over["overhead_per_forward_s"]
+    compute = [r for r in over["rows"] if r["bound"] == "compute"]
+    if not compute:
+        return over | {"flops_eff": 1.0}
+    fit = max(compute, key=lambda r: (r["batch_size"], -abs(r["error_pct"])))
+    i = over["rows"].index(fit)
+    lo, hi = 1e-3, 1.0
+    for _ in range(60):  # predicted time falls as the efficiency rises: bisect to the measured time
+        mid = (lo * hi) ** 0.5
+        row = calibrate(bench, cpu, Roofline(flops_eff=mid, overhead_per_forward=ov), bandwidth)["rows"][i]
+        lo, hi = (mid, hi) if row["predicted_s_per_image"] > row["measured_s_per_image"] else (lo, mid)
+    eff = (lo * hi) ** 0.5
+    res = calibrate(bench, cpu, Roofline(flops_eff=eff, overhead_per_forward=ov), bandwidth)
+    fit_ar = over["rows"].index(next(r for r in over["rows"] if r["decoder"] == "ar" and r["batch_size"] == 1))
+    held = [r for j, r in enumerate(res["rows"]) if j not in (i, fit_ar)]
+    return res | {"overhead_per_forward_s": ov, "flops_eff": eff,
+                  "fitted_on": [["ar", 1], [fit["decoder"], fit["batch_size"]]],
+                  "mean_abs_error_pct_held_out": sum(abs(r["error_pct"]) for r in held) / len(held) if held else None}
+
+
+# ------------------------------------------------------------------------------------------- output
+
+def parse_models(spec: str) -> list[tuple[str, int]]:
+    out = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        name, _, g = part.partition("@")
+        if name not in MODELS or not g.isdigit() or int(g) < 1:
+            raise ValueError(f"model {part!r}: expected SIZE@GRID with SIZE in {', '.join(MODELS)} and GRID >= 1 "
+                             "(e.g. 7b@48)")
+        out.append((name, int(g)))
+    if not out:
+        raise ValueError("--models is empty: e.g. 1b@24,7b@48")
+    return out
+
+
+def _ints(spec: str, what: str) -> list[int]:
+    try:
+        v = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated integers, got {spec!r}") from None
+    if not v or any(x < 1 for x in v):
+        raise ValueError(f"{what} must be integers >= 1, got {spec!r}")
+    return v
+
+
+def text_table(result: dict) -> list[str]:
+    lines = ["PROJECTION (roofline model, not measured) from bench " + json.dumps(result["bench"]),
+             f"{'accel':<10} {'model':<6} {'grid':>4} {'decoder':<22} {'batch':>5} {'bound':<7} {'img/s':>9} "
+             f"{'$/1k img':>9} {'KV cap':>6} {'stats@batch':>11}"]
+    for r in result["rows"]:
+        ips = "OOM" if not r["fits"] else f"{r['images_per_s']:.3g}"
+        usd = "" if r["usd_per_1k_images"] is None else f"{r['usd_per_1k_images']:.4g}"
+        lines.append(f"{r['accelerator']:<10} {r['model']:<6} {r['grid']:>4} {r['decoder']:<22} {r['batch_size']:>5} "
+                     f"{r['bound']:<7} {ips:>9} {usd:>9} {r['kv_cap_batch']:>6} {r['stats_from_batch']:>11}")
+    lines.append("stats@batch: the measured batch size whose acceptance statistics a row uses (the nearest measured)")
+    lines += ["assumptions:"] + [f"  - {a}" for a in result["assumptions"]]
+    return lines
+
+
+def project_cli(bench_json: Path, accelerators: str, models: str, batch_sizes: str, cfg: bool) -> dict:
+    if not Path(bench_json).exists():
+        raise FileNotFoundError(f"{bench_json}: no such bench JSON (write one with `ssdgen bench --json PATH`)")
+    bench = json.loads(Path(bench_json).read_text())
+    accs = [a.strip().lower() for a in accelerators.split(",") if a.strip()]
+    res = project(bench, accs, parse_models(models), _ints(batch_sizes, "--batch-sizes"), cfg)
+    return {"result": res, "text": text_table(res)}
+
+
+def projection_html(result: dict) -> str:
+    from flows import plots
+    cols = [("accelerator", "accelerator"), ("model", "model"), ("grid", "grid"), ("decoder", "decoder"),
+            ("batch_size", "batch"), ("bound", "bound"), ("tokens_per_forward", "tokens / forward"),
+            ("tokens_in_flight", "tokens in flight"), ("seconds_per_forward", "s / forward"),
+            ("images_per_s", "images / s"), ("usd_per_1k_images", "$ / 1k images"),
+            ("kv_cap_batch", "KV cap (batch)"), ("fits", "fits"), ("stats_from_batch", "stats from batch")]
+    body = ['<p class="note"><b>PROJECTION</b>: computed from a roofline model and measured acceptance '
+            "statistics, not measured on these accelerators.</p>",
+            "<h2>Assumptions</h2><ul>" + "".join(f"<li>{plots.esc(a)}</li>" for a in result["assumptions"]) + "</ul>",
+            "<h2>Projected throughput and cost</h2>",
+            plots.table(result["rows"], cols, left=("accelerator", "model", "decoder", "bound")),
+            "<h2>Accelerators</h2>",
+            plots.table([{"name": k} | v for k, v in result["accelerators"].items()],
+                        [("name", "name"), ("mem_bw", "bytes/s"), ("peak_flops", "FLOP/s"), ("mem_bytes", "memory"),
+                         ("source", "source")], left=("name", "source"))]
+    return plots.page("ssdgen projection (not measured)", "\n".join(body), plots.esc(json.dumps(result["bench"])))
+
+
+def merge_benches(paths: list[str]) -> dict:
+    """Several measured bench / eval JSONs of one model as one bench (rows tagged with their file)."""
+    benches = [(p, as_bench(json.loads(Path(p).read_text()))) for p in paths]
+    models = {b.get("model") for _, b in benches}
+    cfgs = {float((b.get("sampling") or {}).get("cfg_scale", 1.0)) for _, b in benches}
+    if len(models) != 1 or len(cfgs) != 1:
+        raise ValueError(f"benches of different models or CFG scales cannot be merged: {models}, {cfgs}")
+    first = benches[0][1]
+    info = next((b["model_info"] for _, b in benches if b.get("model_info")), None)
+    return {"model": first.get("model"), "sampling": first.get("sampling"), "device": first.get("device"),
+            **({"model_info": info} if info else {}),
+            "rows": [r | {"source": Path(p).name} for p, b in benches for r in b["rows"]]}
+
+
+def best_of(measures: list[dict]) -> dict:
+    """The best reading of each figure over repeated measurements (a busy machine only ever reads low)."""
+    return measures[0] | {k: max(m[k] for m in measures) for k in ("flops", "bw_dram", "bw_model") if k in measures[0]}
+
+
+def main(argv: list[str]) -> None:
+    """python -m flows.projection BENCH.json [BENCH2.json ...] [--out OUT.json] [--device cuda] [--repeats 3]:
+    the projection's method checked against benches measured on this machine (its bandwidth and FLOP/s
+    measured here, best of --repeats), error in % per decoder and batch. Eval JSONs count as one-row benches."""
+    opts = {"--device": "cpu", "--out": None, "--repeats": "3"}
+    files = []
+    it = iter(argv)
+    for a in it:
+        if a in opts:
+            opts[a] = next(it)
+        else:
+            files.append(a)
+    if not files:
+        raise SystemExit("usage: python -m flows.projection BENCH.json [...] [--out OUT.json] [--device cuda]")
+    bench = merge_benches(files)
+    info = bench.get("model_info") or _reference_info(bench)
+    weights = float(info["params"]) * float(info.get("bytes_per_param", 4))
+    cpu = best_of([measure_cpu(weights, device=opts["--device"]) for _ in range(int(opts["--repeats"]))])
+    res = {"roofline": calibrate(bench, cpu, bandwidth="bw_dram"),
+           "roofline_cache_bandwidth": calibrate(bench, cpu, bandwidth="bw_model"),
+           "roofline_plus_overhead": calibrate_with_overhead(bench, cpu, bandwidth="bw_dram"),
+           "roofline_plus_overhead_and_matmul_efficiency": calibrate_fitted(bench, cpu, bandwidth="bw_dram")}
+    for k, v in res.items():
+        print(f"{k}: mean |error| {v['mean_abs_error_pct']:.1f}%"
+              + (f", held out {v['mean_abs_error_pct_held_out']:.1f}% (overhead {v['overhead_per_forward_s'] * 1e3:.2f} "
+                 f"ms/forward" + (f", matmul efficiency {v['flops_eff']:.3f}" if "flops_eff" in v else "")
+                 + f"; fitted on {v['fitted_on']})" if "fitted_on" in v else ""))
+        for r in v["rows"]:
+            print(f"  {str(r['source']):<22} {r['decoder']:<26} batch {r['batch_size']:>3} {r['bound']:<7} predicted "
+                  f"{r['predicted_s_per_image']:.4f} s/image, measured {r['measured_s_per_image']:.4f}, "
+                  f"error {r['error_pct']:+.1f}%" + (" (assumed: " + ", ".join(r["derived"]) + ")"
+                                                     if "forwards_per_batch" in r["derived"] and r["batch_size"] > 1
+                                                     else ""))
+    print("measured:", json.dumps(cpu))
+    if opts["--out"]:
+        Path(opts["--out"]).write_text(json.dumps(res | {"files": files}, indent=1))
+
+
+if __name__ == "__main__":
+    import sys
+    main(sys.argv[1:])

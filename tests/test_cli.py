@@ -8,8 +8,9 @@ import pytest
 GOOD = "a large red circle at the center on a flat gray background"
 
 
-def run(*args):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=300)
+def run(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -45,7 +46,7 @@ def test_sample_writes_a_grid(tmp_path):
 def test_demo_runs_the_flow_on_local_ray_and_writes_committed_images(tmp_path):
     """What `make demo` runs: Prefect's ephemeral API, a local Ray, local files, the bundled model."""
     import pyarrow.parquet as pq
-    r = run("demo", "--out", str(tmp_path))
+    r = run("demo", "--out", str(tmp_path), timeout=900)  # Prefect's first start, Ray, two actors
     assert r.returncode == 0, r.stderr[-3000:]
     man = pq.read_table(tmp_path / "run" / "manifest.parquet").to_pylist()
     assert sum(m["ok"] for m in man) == 8 and (tmp_path / "grid.png").exists()

@@ -89,3 +89,17 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def sample(probs: torch.Tensor, gens: list[torch.Generator]) -> torch.Tensor:
     """One token per sample: probs [B, V] -> [B]."""
     return sample_from(probs, uniforms(gens, device=probs.device))
+
+
+def gumbel_table(gens: list[torch.Generator], n: int, V: int, device=None) -> torch.Tensor:
+    """[B, n, V] standard Gumbel noise, row b from gens[b] alone: one fixed noise vector per position."""
+    u = uniforms(gens, n, V, device=device)
+    return -torch.log(-torch.log(u.clamp(1e-20, 1 - 1e-7)))
+
+
+def gumbel_sample(probs: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max sampling: argmax(log probs + g), probs [..., V], g [..., V] -> [...]. An exact sample of
+    probs when g is fresh Gumbel noise; with g fixed per position, two similar distributions give the same
+    token with probability at least (1 - TV) / (1 + TV) (the Gumbel coupling)."""
+    logp = torch.where(probs > 0, probs.clamp_min(1e-38).log(), float("-inf"))
+    return (logp + g).argmax(-1)

@@ -6,7 +6,14 @@ One iteration, per sample b with n_b tokens committed (see ../shared/docs/ALGORI
   3. `verify` accepts a prefix of the drafts and draws the resampled or bonus token after it;
   4. commit; the target's own samples at the positions after the commit point (Jacobi updates) become
      the next drafts, with their q as draft distribution; the window is topped up with fresh drafts
-     (random: uniform token, one-hot p; repeat-left / repeat-above: the neighbouring token, one-hot p).
+     (random: uniform token, one-hot p; repeat-left / repeat-above: the neighbouring token, one-hot p;
+     or a `Drafter`'s drafts with their distributions: lossless SSD tops up with its spatial heads).
+`coupled=True` draws the Jacobi updates by Gumbel-max with one fixed noise vector per position instead of
+fresh noise. A draft whose context has settled then stops changing from one forward to the next, so the
+drafts ahead of the commit point converge to the tokens they will be judged as, instead of being redrawn
+every forward. It stays lossless: the noise at index j only ever draws the draft of j, and the draft
+distribution q_j at judgement depends only on indices < j, so the draft is an exact sample of q_j; the
+accept test and the residual draw use fresh uniforms.
 Each sample advances by its own accepted length: no minimum over the batch. The KV cache is
 position-indexed, so a sample's rollback is just its next window starting at its own n_b.
 Randomness is drawn per sample, only while the sample is still decoding, so a sample's tokens do not
@@ -20,8 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .protocol import ImageTokenModel, check_request
-from .sampling import SamplingConfig, make_generators, processed_probs, sample_from, uniforms
+from typing import Protocol
+
+from .protocol import ImageTokenModel, StepOutput, check_request
+from .sampling import (SamplingConfig, gumbel_sample, gumbel_table, make_generators, processed_probs, sample_from,
+                       uniforms)
 from .stats import (COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult,
                     SampleStats)
 from .verify import Relaxation, entropy, verify
@@ -34,12 +44,28 @@ class SJDConfig:
     window: int = 16  # L: tokens per forward (the last committed token + L - 1 drafts)
     init: str = "random"
     relax: Relaxation = Relaxation()  # lam = 0: lossless SJD; lam > 0: CSD
+    coupled: bool = False  # Jacobi updates by Gumbel-max with fixed per-position noise (see module doc)
 
     def __post_init__(self):
         if not isinstance(self.window, int) or not 2 <= self.window <= 64:
             raise ValueError(f"window must be an integer in [2, 64], got {self.window}")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+
+
+class Drafter(Protocol):
+    """Fresh drafts for the window's tail from a model's hidden states (lossless SSD's spatial heads)."""
+
+    def begin(self, out: StepOutput) -> None:
+        """The prefill's output (its last position is the hidden state before image index 0)."""
+
+    def observe(self, out: StepOutput, idx: torch.Tensor) -> None:
+        """A window forward's output; idx [B, S] the indices fed (out.hidden[:, s] is index idx[:, s])."""
+
+    def draft(self, buf: torch.Tensor, start: torch.Tensor, count: torch.Tensor, u: torch.Tensor,
+              K: int) -> torch.Tensor:
+        """Fill buf[b, start_b : start_b + count_b]; return their draft distributions [B, K, V] (slot o is
+        index start_b + o; slots >= count_b are ignored). u [B, K]: the sample's uniforms for drawing them."""
 
 
 def _fresh_drafts(buf: torch.Tensor, start: torch.Tensor, first_new: torch.Tensor, K: int, cols: int,
@@ -65,13 +91,14 @@ def _fresh_drafts(buf: torch.Tensor, start: torch.Tensor, first_new: torch.Tenso
 
 @torch.no_grad()
 def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
-               cfg: SJDConfig = SJDConfig()) -> DecodeResult:
+               cfg: SJDConfig = SJDConfig(), drafter: Drafter | None = None) -> DecodeResult:
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
     t0 = time.perf_counter()
     gens = make_generators(seeds)
     B, (rows_, cols) = len(prompts), model.grid
     N, K, V = rows_ * cols, cfg.window - 1, model.n_codes
     ar = torch.arange(B)
+    gumbel = gumbel_table(gens, N + K + 1, V) if cfg.coupled else None  # [B, N + K + 1, V], row j: index j
 
     buf = torch.zeros(B, N + K + 1, dtype=torch.long)  # committed tokens, then the current drafts
     p_draft = torch.zeros(B, K, V)  # draft distribution of each window slot
@@ -90,8 +117,12 @@ def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
     n = torch.ones(B, dtype=torch.long)  # tokens committed per sample
     carried = torch.zeros(B, dtype=torch.long)  # how many leading window slots hold carried-over drafts
     u_init = torch.stack([uniforms([g], K)[0] for g in gens])
-    buf = _fresh_drafts(buf, n, carried, K, cols, cfg.init, u_init, V)
-    p_draft.zero_().scatter_(2, buf[ar[:, None], n[:, None] + torch.arange(K)].unsqueeze(-1), 1.0)
+    if drafter is not None:
+        drafter.begin(out)
+        p_draft = drafter.draft(buf, n, torch.full((B,), K), u_init, K)
+    else:
+        buf = _fresh_drafts(buf, n, carried, K, cols, cfg.init, u_init, V)
+        p_draft.zero_().scatter_(2, buf[ar[:, None], n[:, None] + torch.arange(K)].unsqueeze(-1), 1.0)
 
     while (n < N).any():
         active = n < N
@@ -99,6 +130,8 @@ def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
         idx = (n - 1)[:, None] + torch.arange(K + 1)  # [B, K+1] window indices, may run past N
         tokens = buf[ar[:, None], idx]
         out = model.step(tokens, idx)
+        if drafter is not None:
+            drafter.observe(out, idx)
         q = processed_probs(out.cond, out.uncond, sc)  # [B, K+1, V]
         # per-sample randomness, only for samples still decoding: accept K, resample 1, Jacobi K+1, init K
         u = torch.zeros(B, 3 * K + 2)
@@ -107,7 +140,10 @@ def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
         drafts = tokens[:, 1:]  # [B, K]
         n_valid = (N - n).clamp(max=K)
         v = verify(drafts, p_draft, q, n_valid, u_acc, u_res, cfg.relax)
-        jacobi = sample_from(q, u_jac)  # [B, K+1] the target's own sample at every window position
+        if gumbel is not None:  # q[:, s] is the distribution of index idx[:, s] + 1
+            jacobi = gumbel_sample(q, gumbel[ar[:, None], (idx + 1).clamp(max=N + K)])  # [B, K+1]
+        else:
+            jacobi = sample_from(q, u_jac)  # [B, K+1] the target's own sample at every window position
         # ---- statistics, vectorised over the batch
         n_acc = torch.where(active, v.n_accepted, 0)
         m = torch.where(active, torch.minimum(n_acc + 1, N - n), 0)  # tokens committed this forward
@@ -136,10 +172,16 @@ def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
         widx = new_n[:, None] + torch.arange(K)  # [B, K] indices of the next drafts
         new_tok = torch.where(carry_ok, jacobi.gather(1, src), 0)
         buf[ar[:, None], widx] = torch.where(active[:, None], new_tok, buf[ar[:, None], widx])
-        buf = _fresh_drafts(buf, new_n, torch.where(active, carried, K), K, cols, cfg.init, u_init, V)
         q_src = q.gather(1, src.unsqueeze(-1).expand(B, K, V))
-        onehot = torch.zeros_like(p_draft).scatter_(2, buf[ar[:, None], widx].unsqueeze(-1), 1.0)
-        p_draft = torch.where(active[:, None, None], torch.where(carry_ok[..., None], q_src, onehot), p_draft)
+        if drafter is not None:
+            fresh = torch.where(active, K - carried, 0)
+            p_new = drafter.draft(buf, new_n + carried, fresh, u_init, K)  # slot o is window slot carried + o
+            back = (torch.arange(K)[None, :] - carried[:, None]).clamp(min=0)  # [B, K]
+            fresh_p = p_new.gather(1, back.unsqueeze(-1).expand(B, K, V))
+        else:
+            buf = _fresh_drafts(buf, new_n, torch.where(active, carried, K), K, cols, cfg.init, u_init, V)
+            fresh_p = torch.zeros_like(p_draft).scatter_(2, buf[ar[:, None], widx].unsqueeze(-1), 1.0)
+        p_draft = torch.where(active[:, None, None], torch.where(carry_ok[..., None], q_src, fresh_p), p_draft)
         n = new_n
 
     elapsed = time.perf_counter() - t0
@@ -154,5 +196,6 @@ def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
             acceptance_rate=float(n_accepted[b] / n_drafted[b]) if n_drafted[b] else float("nan"),
             commit_map=commit[b].reshape(rows_, cols), mean_entropy=float(ent_sum[b] / N),
             relaxed=int(n_relaxed[b]), seconds=elapsed / B,
-            extra={"window": cfg.window, "init": cfg.init, "lam": cfg.relax.lam, "delta": cfg.relax.delta}))
+            extra={"window": cfg.window, "init": cfg.init if drafter is None else "heads", "coupled": cfg.coupled,
+                   "lam": cfg.relax.lam, "delta": cfg.relax.delta}))
     return DecodeResult(buf[:, :N].clone(), stats)

@@ -11,9 +11,15 @@ Per block and sample b, with n_b tokens committed (ALGORITHMS.md §3, SSD seed):
      rejection, and the resampled first rejection itself, is now exact; the next round re-feeds from that
      first rejection, and the tokens after it (each now a sample from the last q) are judged again.
      A round with no rejection ends the block with a bonus token.
-  3. Commit. lossless: only the exact raster prefix (SJD semantics with SSD drafts). Otherwise all L_b
-     tokens (lossy after r rounds); the next forward re-feeds from the first position whose KV is stale.
+  3. Commit all L_b tokens (lossy after r rounds); the next forward re-feeds from the first position whose
+     KV is stale.
 Each sample advances by its own amount; KV caches are position-indexed, so re-feeding is the rollback.
+
+`lossless=True` commits only the verified raster prefix: SJD semantics with SSD drafts. It runs the SJD
+engine over a sliding window of `rows` rows, whose tail is topped up with the heads' 2D drafts and whose
+other positions carry Gumbel-coupled Jacobi updates (sjd.py): what a block verifies but cannot yet commit
+is kept for the next forward instead of being drafted again. `rounds`, `adaptive` and the token budget
+belong to the block decoder and do not apply.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 from .ar import decode_ar
 from .protocol import ImageTokenModel, check_request
 from .sampling import SamplingConfig, make_generators, processed_probs, sample_from, uniforms
+from .sjd import SJDConfig, decode_sjd
 from .ssd_heads import SpatialHeads
 from .stats import (COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult,
                     SampleStats)
@@ -56,6 +63,8 @@ class SSDConfig:
             raise ValueError(f"rounds must be an integer in [0, 8], got {self.rounds}")
         if self.lossless and self.relax.active:
             raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0)")
+        if self.lossless and self.adaptive:
+            raise ValueError("lossless SSD slides a fixed window of `rows` rows: adaptive is not supported")
 
 
 def budget_rows(cfg: SSDConfig, batch: int, W: int) -> int:
@@ -145,10 +154,47 @@ class _Drafter:
         return p
 
 
+class _WindowDrafter:
+    """The heads as the SJD engine's source of fresh drafts (sjd.Drafter), for lossless SSD."""
+
+    def __init__(self, model, heads: SpatialHeads, sc: SamplingConfig, two_d: bool, B: int, size: int):
+        self.drafter = _Drafter(model, heads, sc, two_d)
+        self.hb = torch.zeros(B, size, model.hidden_dim)  # slot i + 1: best-known hidden at index i
+        self.hbu = torch.zeros_like(self.hb) if sc.uses_cfg else None
+        self.ar = torch.arange(B)
+
+    def begin(self, out) -> None:
+        self.hb[:, 0] = out.hidden[:, -1]
+        if self.hbu is not None:
+            self.hbu[:, 0] = out.hidden_uncond[:, -1]
+
+    def observe(self, out, idx: torch.Tensor) -> None:
+        slot = (idx + 1).clamp(max=self.hb.shape[1] - 1)  # [B, S]
+        self.hb[self.ar[:, None], slot] = out.hidden
+        if self.hbu is not None:
+            self.hbu[self.ar[:, None], slot] = out.hidden_uncond
+
+    def draft(self, buf, start, count, u, K: int) -> torch.Tensor:
+        return self.drafter.draft(buf, self.hb, self.hbu, start, count, u, K)
+
+
+def _decode_lossless(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> DecodeResult:
+    W = model.grid[1]
+    window = min(64, cfg.rows * W + 1)  # the last committed token + `rows` rows of drafts
+    N = model.grid[0] * W
+    drafter = _WindowDrafter(model, heads, sc, cfg.two_d, len(prompts), N + window + 2)
+    res = decode_sjd(model, prompts, seeds, sc, SJDConfig(window=window, coupled=True), drafter=drafter)
+    for st in res.stats:
+        st.extra |= {"rows": cfg.rows, "lossless": True, "two_d": cfg.two_d, "block_sizes": [], "rounds_per_block": []}
+    return res
+
+
 @torch.no_grad()
 def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
                heads: SpatialHeads, cfg: SSDConfig = SSDConfig()) -> DecodeResult:
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
+    if cfg.lossless:
+        return _decode_lossless(model, prompts, seeds, sc, heads, cfg)
     if budget_rows(cfg, len(prompts), model.grid[1]) == 0:
         res = decode_ar(model, prompts, seeds, sc)  # no headroom: speculation would only add work
         for st in res.stats:
@@ -239,8 +285,7 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
         ub = u[:, 0, -1]
         bonus = sample_from(q_blk.gather(1, L.view(B, 1, 1).expand(B, 1, V)).squeeze(1), ub)
         buf[ar, (n + L).clamp(max=N + spare - 1)] = torch.where(bonus_ok, bonus, buf[ar, (n + L).clamp(max=N + spare - 1)])
-        take = exact_to if cfg.lossless else L  # tokens committed from the block
-        take = torch.where(active, take, 0)
+        take = torch.where(active, L, 0)  # tokens committed from the block (lossy)
         changed = buf[:, :N + spare] != original
         kinds = torch.where(changed[ar[:, None], n[:, None] + slot], COMMIT_RESAMPLED,
                             torch.where(relaxed_blk, COMMIT_RELAXED, COMMIT_ACCEPTED)).to(torch.int8)
@@ -260,10 +305,7 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
         h_norm = (ents / math.log(V) * in_block).sum(1) / L.clamp(min=1)
         policy.update(kept / L.clamp(min=1), h_norm, active)
         new_n = n + take + bonus_ok.long()
-        if cfg.lossless:
-            feed = torch.where(active, new_n - 1, feed)  # the token at new_n - 1 is not fed yet
-        else:
-            feed = torch.where(active, torch.where(converged, new_n - 1, feed), feed)
+        feed = torch.where(active, torch.where(converged, new_n - 1, feed), feed)
         n = torch.where(active, new_n.clamp(max=N), n)
 
     elapsed = time.perf_counter() - t0
@@ -277,7 +319,7 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
             commit_map=commit_np[b].reshape(H, W), mean_entropy=float(ent_sum[b] / N),
             relaxed=int(n_relaxed[b]), seconds=elapsed / B,
             extra={"block_sizes": blocks[b], "rounds_per_block": rounds_used[b], "rows": cfg.rows,
-                   "rounds": cfg.rounds, "lossless": cfg.lossless, "two_d": cfg.two_d, "adaptive": cfg.adaptive,
+                   "rounds": cfg.rounds, "lossless": False, "two_d": cfg.two_d, "adaptive": cfg.adaptive,
                    "lam": cfg.relax.lam, "delta": cfg.relax.delta}))
     return DecodeResult(buf[:, :N].clone(), stats)
 

@@ -40,6 +40,7 @@ def tiny(tmp_path_factory):
 @pytest.mark.parametrize("name, params", [
     ("sjd", {"window": 4}), ("sjd", {"window": 6, "init": "repeat-left"}),
     ("sjd", {"window": 16, "init": "repeat-above"}), ("csd", {"window": 6, "lam": 0.0}),
+    ("sjd", {"window": 6, "init": "repeat-left", "coupled": True}),
 ])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_equals_ar(tiny, name, params, batch):
@@ -50,11 +51,12 @@ def test_greedy_equals_ar(tiny, name, params, batch):
     assert all(s.forwards < 16 for s in spec.stats) or params["window"] <= 4
 
 
-def test_batch_gives_each_sample_its_batch_one_tokens(tiny):
+@pytest.mark.parametrize("params", [{"window": 6}, {"window": 6, "coupled": True}])
+def test_batch_gives_each_sample_its_batch_one_tokens(tiny, params):
     prompts, seeds = PROMPTS * 2, list(range(10, 18))
-    batched = decode("sjd", tiny, prompts, seeds, SAMPLED, {"window": 6})
+    batched = decode("sjd", tiny, prompts, seeds, SAMPLED, params)
     for b in range(8):
-        alone = decode("sjd", tiny, prompts[b:b + 1], seeds[b:b + 1], SAMPLED, {"window": 6})
+        alone = decode("sjd", tiny, prompts[b:b + 1], seeds[b:b + 1], SAMPLED, params)
         assert torch.equal(alone.tokens[0], batched.tokens[b])
 
 
@@ -82,7 +84,8 @@ def ar_samples(tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("params", [{"window": 6}, {"window": 6, "init": "repeat-above"}])
+@pytest.mark.parametrize("params", [{"window": 6}, {"window": 6, "init": "repeat-above"},
+                                    {"window": 6, "coupled": True}])
 def test_sjd_samples_the_ar_distribution(tiny, ar_samples, params):
     spec = _sample(tiny, "sjd", params, offset=1_000_000)
     assert _same_distribution(ar_samples, spec) > 0.001 / len(POSITIONS)
@@ -102,9 +105,10 @@ def _resample_from_q(draft, p, q, n_valid, u_accept, u_resample, relax=Relaxatio
 
 @pytest.mark.slow
 @pytest.mark.parametrize("broken", [_always_accept, _resample_from_q])
-def test_statistical_test_has_power(tiny, ar_samples, monkeypatch, broken):
+@pytest.mark.parametrize("coupled", [False, True])
+def test_statistical_test_has_power(tiny, ar_samples, monkeypatch, broken, coupled):
     monkeypatch.setattr(sjd_mod, "verify", broken)
-    spec = _sample(tiny, "sjd", {"window": 6}, offset=1_000_000)
+    spec = _sample(tiny, "sjd", {"window": 6, "coupled": coupled}, offset=1_000_000)
     assert _same_distribution(ar_samples, spec) < 0.001 / len(POSITIONS)
 
 

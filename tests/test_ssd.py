@@ -46,11 +46,23 @@ def test_lossless_ssd_samples_the_ar_distribution(tiny):
     assert _same_distribution(ar, ssd) > 0.001 / len(POSITIONS)
 
 
-def test_ssd_batch_gives_each_sample_its_batch_one_tokens(tiny):
+@pytest.mark.slow
+def test_the_same_test_catches_a_broken_rule_in_lossless_ssd(tiny, monkeypatch):
+    import decoders.sjd as sjd_mod
+    from test_decoders import _resample_from_q
+    from test_decoders import _sample as sample_
+    ar = sample_(tiny, "ar", {}, offset=0)
+    monkeypatch.setattr(sjd_mod, "verify", _resample_from_q)  # lossless SSD verifies with the SJD engine
+    ssd = sample_(tiny, "ssd", {"lossless": True, "rows": 2}, offset=2_000_000)
+    assert _same_distribution(ar, ssd) < 0.001 / len(POSITIONS)
+
+
+@pytest.mark.parametrize("params", [{"rows": 2, "rounds": 1}, {"rows": 2, "lossless": True}])
+def test_ssd_batch_gives_each_sample_its_batch_one_tokens(tiny, params):
     prompts, seeds = PROMPTS * 2, list(range(20, 28))
-    batched = decode("ssd", tiny, prompts, seeds, SAMPLED, {"rows": 2, "rounds": 1})
+    batched = decode("ssd", tiny, prompts, seeds, SAMPLED, params)
     for b in range(8):
-        alone = decode("ssd", tiny, prompts[b:b + 1], seeds[b:b + 1], SAMPLED, {"rows": 2, "rounds": 1})
+        alone = decode("ssd", tiny, prompts[b:b + 1], seeds[b:b + 1], SAMPLED, params)
         assert torch.equal(alone.tokens[0], batched.tokens[b])
 
 
@@ -92,7 +104,8 @@ def test_heads_for_another_model_or_shape_are_refused(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("params, name", [({"rows": 0}, "rows"), ({"rounds": -1}, "rounds"),
-                                          ({"lossless": True, "lam": 0.5, "delta": 0.5}, "lossless")])
+                                          ({"lossless": True, "lam": 0.5, "delta": 0.5}, "lossless"),
+                                          ({"lossless": True, "adaptive": True}, "adaptive")])
 def test_bad_ssd_parameters_are_named(params, name):
     with pytest.raises(ValueError, match=name):
         decoder_config("ssd+csd" if "lam" in params else "ssd", params)
@@ -116,3 +129,9 @@ def test_self_distillation_reduces_the_heads_loss(tiny):
         return (pred == tiny.logits_from_hidden(h[:, W:W + n]).argmax(-1)).float().mean()
     with torch.no_grad():
         assert agree(heads) > agree(fresh)
+        # the acceptance measure (ssdgen eval-heads) agrees: trained heads draft better than identity heads
+        from decoders.ssd_train import draft_acceptance
+        trained = draft_acceptance(tiny, heads, PROMPTS, [0, 1, 2, 3], SAMPLED)
+        identity = draft_acceptance(tiny, fresh, PROMPTS, [0, 1, 2, 3], SAMPLED)
+        assert 0 < identity["vertical"] < trained["vertical"] <= 1
+        assert 0 < trained["horizontal"] <= 1

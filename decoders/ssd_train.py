@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .ar import decode_ar
-from .sampling import SamplingConfig
+from .sampling import SamplingConfig, processed_probs
 from .ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
 
 
@@ -103,3 +103,34 @@ def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig()
             "total_s": time.perf_counter() - t0, "params": heads.n_params(),
             "flops_per_token_per_head": heads.flops_per_token()}
     return heads.eval(), info
+
+
+@torch.no_grad()
+def draft_acceptance(model, heads: SpatialHeads, prompts: list[str], seeds: list[int],
+                     sc: SamplingConfig = SamplingConfig()) -> dict[str, float]:
+    """How well the heads draft, on the backbone's own samples with every context exact (teacher forcing).
+
+    Per head, the mean over positions of sum_x min(p(x), q(x)), p the backbone's processed distribution and
+    q the drafted one (both CFG branches, the same processed_probs): the probability that a draft sampled
+    from q passes the lossless test, i.e. its acceptance before any error compounds. The same measure for
+    latent and token heads makes the SSD paper's comparison."""
+    N, W = model.grid[0] * model.grid[1], model.grid[1]
+    tokens = decode_ar(model, prompts, seeds, sc).tokens  # [B, N]
+    B = len(prompts)
+    out = model.start(prompts, sc.uses_cfg)
+    out = model.step(tokens[:, :-1], torch.arange(N - 1).expand(B, N - 1))
+    e = model.embed(tokens, torch.arange(N).expand(B, N))  # [B, N, E]
+    hc, hu = out.hidden, out.hidden_uncond  # [B, N-1, D]: index i's hidden gives x_{i+1}
+    p = processed_probs(out.cond, out.uncond, sc)  # [B, N-1, V]
+
+    def drafted(head, src: slice, emb: slice) -> torch.Tensor:
+        lc = heads.draft_logits(model, head(hc[:, src], e[:, emb]))
+        lu = None if hu is None else heads.draft_logits(model, head(hu[:, src], e[:, emb]))
+        return processed_probs(lc, lu, sc)
+
+    # horizontal: ĥ(i+1) = H(h(i), e(x_{i+1})) drafts x_{i+2}; vertical: ĥ(i+W) = V(h(i), e(x_i)) drafts x_{i+W+1}
+    q_h = drafted(heads.horizontal, slice(0, N - 2), slice(1, N - 1))
+    q_v = drafted(heads.vertical, slice(0, N - 1 - W), slice(0, N - 1 - W))
+    return {"horizontal": float(torch.minimum(q_h, p[:, 1:]).sum(-1).mean()),
+            "vertical": float(torch.minimum(q_v, p[:, W:]).sum(-1).mean()),
+            "target_entropy_nats": float(-(p * p.clamp_min(1e-30).log()).sum(-1).mean())}

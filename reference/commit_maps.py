@@ -1,9 +1,18 @@
-"""Where did a decoder speculate? Commit maps on the scenes domain, split into object and background tokens.
+"""Where did a decoder speculate? Commit maps on the scenes domain, split by what the image shows.
 
-A token counts as background when its 4x4-pixel patch lies clear of every named object's cell area
-(centre +- size + jitter + a 2-pixel margin): the caption says where objects may be, so no detector is
-needed. `content_awareness` reports, over decoded eval prompts, the share of relaxed acceptances (and
-of plain accepted drafts) that fall on background tokens, beside the background's share of all tokens.
+Each token of a decoded image falls in one region:
+  - object: its 4x4-pixel patch holds object colour. The scenes palette makes colour a detector: every
+    object colour has HSV saturation >= 0.75 and every background colour <= 0.51; dark pixels are left out,
+    where noise and dark texture inflate saturation. On renders, whose coverage is known, it finds object
+    tokens with precision 0.99 and recall 0.73 (tests/test_scenes.py): it misses edge tokens and the white
+    dots of dotted fills, so it undercounts objects a little and never calls background an object. The
+    image, not the caption, decides, because a model may draw objects the caption did not ask for (and
+    miss ones it did);
+  - smooth background: not object, in an image whose caption names a flat or gradient background;
+  - detailed background: not object, over a cloudy, wavy, wooden, striped or checkered background.
+`content_awareness` reports, per region, its share of all tokens, of relaxed acceptances (accepted only
+thanks to CSD's relaxation) and of accepted drafts, and the rates per token. A content-aware rule relaxes
+more on smooth background than its token share, and less on objects.
 """
 
 from __future__ import annotations
@@ -13,7 +22,11 @@ import numpy as np
 from decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
 
 from . import captions as cap
-from .scenes import JITTER, SIZES, cell_centre
+from .scenes import SMOOTH_BACKGROUNDS
+
+SATURATION = 0.65  # between the background colours' (<= 0.51) and the object colours' (>= 0.75)
+BRIGHT = 0.4  # pixels darker than this (max channel) are never called object
+REGIONS = ("object", "smooth background", "detailed background")
 
 PALETTE = {  # RGB per commit code, for overlays
     COMMIT_AR: (128, 128, 128), COMMIT_ACCEPTED: (40, 170, 60), COMMIT_RESAMPLED: (220, 40, 40),
@@ -21,35 +34,37 @@ PALETTE = {  # RGB per commit code, for overlays
 }
 
 
-def background_tokens(prompt: str, grid: int = 16, image: int = 64) -> np.ndarray:
-    """[grid, grid] bool: True where a token's patch cannot touch any named object."""
-    spec = cap.parse(prompt)
-    patch = image / grid
-    centres = (np.arange(grid) + 0.5) * patch
-    yy, xx = np.meshgrid(centres, centres, indexing="ij")
-    bg = np.ones((grid, grid), bool)
-    for o in spec.objects:
-        cx, cy = cell_centre(o.cell)
-        reach = SIZES[o.size] * 1.25 + JITTER + 2 + patch / 2  # the widest shape's half-extent, plus slack
-        bg &= (np.abs(xx - cx) > reach) | (np.abs(yy - cy) > reach)
-    return bg
+def object_tokens(image: np.ndarray, grid: int = 16, min_pixels: int = 2) -> np.ndarray:
+    """uint8 [H, W, 3] image -> [grid, grid] bool: patches with >= min_pixels object-coloured pixels."""
+    x = image.astype(np.float32) / 255.0
+    hi, lo = x.max(-1), x.min(-1)
+    saturated = ((hi - lo) / np.maximum(hi, 1e-6) > SATURATION) & (hi > BRIGHT)  # [H, W]
+    ps = image.shape[0] // grid
+    return saturated.reshape(grid, ps, grid, ps).sum((1, 3)) >= min_pixels
 
 
-def content_awareness(prompts: list[str], commit_maps: list[np.ndarray]) -> dict:
-    bg_all, relaxed_bg, relaxed_all, acc_bg, acc_all = 0, 0, 0, 0, 0
-    total = 0
-    for p, cm in zip(prompts, commit_maps):
-        bg = background_tokens(p, cm.shape[0])
-        bg_all += int(bg.sum())
-        total += bg.size
-        relaxed_all += int((cm == COMMIT_RELAXED).sum())
-        relaxed_bg += int(((cm == COMMIT_RELAXED) & bg).sum())
-        acc_all += int((cm == COMMIT_ACCEPTED).sum())
-        acc_bg += int(((cm == COMMIT_ACCEPTED) & bg).sum())
-    return {"background_token_share": bg_all / total,
-            "relaxed_on_background": relaxed_bg / relaxed_all if relaxed_all else float("nan"),
-            "accepted_on_background": acc_bg / acc_all if acc_all else float("nan"),
-            "relaxed_acceptances": relaxed_all, "accepted_drafts": acc_all}
+def regions(prompt: str, image: np.ndarray, grid: int = 16) -> np.ndarray:
+    """[grid, grid] region index into REGIONS."""
+    smooth = cap.parse(prompt).background in SMOOTH_BACKGROUNDS
+    return np.where(object_tokens(image, grid), 0, 1 if smooth else 2)
+
+
+def content_awareness(prompts: list[str], images: list[np.ndarray], commit_maps: list[np.ndarray]) -> dict:
+    tokens, relaxed, accepted = np.zeros(3), np.zeros(3), np.zeros(3)
+    for p, img, cm in zip(prompts, images, commit_maps):
+        reg = regions(p, img, cm.shape[0])
+        for r in range(3):
+            tokens[r] += (reg == r).sum()
+            relaxed[r] += ((cm == COMMIT_RELAXED) & (reg == r)).sum()
+            accepted[r] += ((cm == COMMIT_ACCEPTED) & (reg == r)).sum()
+    share = lambda v: v / max(v.sum(), 1)  # noqa: E731
+    return {"relaxed_acceptances": int(relaxed.sum()), "accepted_drafts": int(accepted.sum()),
+            "regions": {name: {"token_share": float(share(tokens)[r]), "relaxed_share": float(share(relaxed)[r]),
+                               "accepted_share": float(share(accepted)[r]),
+                               "relaxed_per_token": float(relaxed[r] / max(tokens[r], 1)),
+                               "accepted_per_token": float(accepted[r] / max(tokens[r], 1))}
+                        for r, name in enumerate(REGIONS)},
+            "relaxed_on_background": float(share(relaxed)[1:].sum())}
 
 
 def overlay(image: np.ndarray, commit_map: np.ndarray, alpha: float = 0.55) -> np.ndarray:

@@ -1,0 +1,211 @@
+"""`ssdgen` commands for models and their quality: training the reference model, its scorer and SSD heads,
+evaluating samples and heads, and the docs' figures. Registered on the one `app` of flows/cli.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from flows.cli import (CFG, DELTA, ENORM, INIT, LAM, MODEL, TEMP, TOPK, TOPP, WINDOW, _check_decoder, _model, _params,
+                       _sampling, app, friendly)
+
+
+@app.command("train-reference")
+@friendly
+def train_reference(out: Path = typer.Option(Path("reference/weights"), help="bundle directory to write"),
+                    seed: int = 0, gpt_steps: int = typer.Option(None, help="override AR training steps"),
+                    vq_steps: int = typer.Option(None, help="override VQ-VAE training steps")):
+    """Train the VQ tokenizer and the AR model from scratch (CPU, about 90 minutes)."""
+    from dataclasses import replace
+    from reference.train import TrainConfig, train_reference as run
+    tc = TrainConfig(seed=seed)
+    tc = replace(tc, **{k: v for k, v in {"gpt_steps": gpt_steps, "vq_steps": vq_steps}.items() if v is not None})
+    typer.echo(json.dumps(run(out, tc), indent=1))
+
+
+
+@app.command("train-scorer")
+@friendly
+def train_scorer(out: Path = typer.Option(None, help="scorer weights file"), steps: int = 3000,
+                 vq: Path = typer.Option(Path("reference/weights/vq.safetensors"), help="VQ-VAE weights"),
+                 device: str = typer.Option("cpu", help="torch device, e.g. cuda"), workers: int = 2,
+                 n_images: int = typer.Option(48_000, help="training renders"), batch: int = 128):
+    """Train the scene-accuracy / FD feature network on renders and the reference VQ's reconstructions."""
+    from safetensors.torch import load_file
+    from reference.scorer import DEFAULT_PATH, save_scorer, train_scorer as run
+    from reference.vqvae import VQVAE, VQConfig
+    if not vq.exists():
+        raise FileNotFoundError(f"{vq}: no VQ-VAE weights (run `ssdgen train-reference` first)")
+    vqm = VQVAE(VQConfig())
+    vqm.load_state_dict(load_file(vq), strict=True)
+    net = run(vq=vqm.eval(), steps=steps, batch=batch, n_images=n_images, device=device, workers=workers)
+    save_scorer(net, out or DEFAULT_PATH)
+    typer.echo(f"wrote {out or DEFAULT_PATH}")
+
+
+
+@app.command("train-heads")
+@friendly
+def train_heads_cmd(model: Optional[str] = MODEL, out: Optional[Path] = typer.Option(
+                        None, help="heads path without suffix (default: the model's own, e.g. reference/weights/heads)"),
+                    n_images: int = 2048, steps: int = 1500, kind: str = typer.Option("latent", help="latent or token"),
+                    cfg: float = CFG, top_k: int = TOPK, seed: int = 0,
+                    prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)")):
+    """Train SSD's horizontal and vertical heads by self-distillation on the frozen model's own samples."""
+    from decoders.ssd_train import DistillConfig, train_heads
+    m = _model(model)
+    dest = out or getattr(m, "default_heads", None)
+    if dest is None:
+        raise ValueError("--out is required for this model")
+    if prompts is not None:
+        captions = [line.strip() for line in prompts.read_text().splitlines() if line.strip()]
+    elif model in (None, "reference") or model.startswith("reference:"):
+        from reference.train import build_dataset
+        _, _, captions = build_dataset(n_images, seed + 99)  # training-distribution captions, eval set held out
+    else:
+        raise ValueError("--prompts is required for Hugging Face models")
+    heads, info = train_heads(m, captions, _sampling(cfg, 1.0, top_k, 1.0),
+                              DistillConfig(n_images=n_images, steps=steps, seed=seed, kind=kind))
+    heads.save(dest)
+    typer.echo(json.dumps(info | {"path": str(dest)}, indent=1))
+
+
+
+@app.command("eval-scorer")
+@friendly
+def eval_scorer(n: int = 1024, json_path: Optional[Path] = typer.Option(None, "--json"),
+                scorer: Optional[Path] = typer.Option(None, help="scorer weights (default: bundled)"),
+                vq: Path = typer.Option(Path("reference/weights/vq.safetensors"), help="VQ-VAE weights")):
+    """Validate the scorer: held-out renders, their VQ reconstructions, and shuffled captions."""
+    from safetensors.torch import load_file
+    from reference.scorer import DEFAULT_PATH, load_scorer
+    from reference.validate_scorer import validate
+    from reference.vqvae import VQVAE, VQConfig
+    vqm = VQVAE(VQConfig())
+    vqm.load_state_dict(load_file(vq), strict=True)
+    res = validate(load_scorer(scorer or DEFAULT_PATH), vqm.eval(), n)
+    for k in ("renders", "reconstructions", "shuffled_captions"):
+        r = res[k]
+        typer.echo(f"{k:<18} scene {r['scene_accuracy']:.4f}  object {r['object_accuracy']:.4f}  "
+                   f"bg {r['background_kind']:.4f}  extras {r['images_with_extra_objects']:.4f}  "
+                   + "  ".join(f"{a} {v:.3f}" for a, v in r["attributes"].items()))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+
+
+
+@app.command("tokenizer-report")
+@friendly
+def tokenizer_report(n: int = 1024, json_path: Optional[Path] = typer.Option(None, "--json"),
+                     model: Optional[str] = MODEL):
+    """VQ reconstruction PSNR per background kind, and above/left token agreement on real renders."""
+    from reference.tokenizer_report import tokenizer_report as run
+    res = run(_model(model).vq, n)
+    typer.echo(json.dumps(res, indent=1))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+
+
+
+@app.command("eval")
+@friendly
+def eval_cmd(decoder: str = "ar", n: int = 1024, batch_size: int = 64, seed: int = 0,
+             json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
+             cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK, top_p: float = TOPP,
+             model: Optional[str] = MODEL, window: Optional[int] = WINDOW, init: Optional[str] = INIT,
+             lam: Optional[float] = LAM, delta: Optional[float] = DELTA, entropy_norm: Optional[str] = ENORM):
+    """Decode the fixed eval prompts and report scene accuracy, object accuracy and FD."""
+    from reference.evaluate import evaluate
+    params = _params(window, init, lam, delta, entropy_norm)
+    _check_decoder(decoder, params)
+    if not 1 <= n <= 1024:
+        raise ValueError(f"--n must be in 1..1024 (the eval set has 1,024 prompts), got {n}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    res = evaluate(_model(model), decoder, n, batch_size, seed, _sampling(cfg, temperature, top_k, top_p), params)
+    rep = res["scorer"]
+    typer.echo(f"model {res['model']}  decoder {decoder}  n {res['n']}  batch {batch_size}  seed {seed}")
+    for k in ("scene_accuracy", "object_accuracy", "fd", "fd_real_heldout", "forwards_per_image",
+              "seconds_per_image"):
+        typer.echo(f"  {k:<22} {res[k]:.4f}")
+    for k, v in rep["attributes"].items():
+        typer.echo(f"  attribute {k:<12} {v:.4f}")
+    for k in ("background_kind", "background_colour", "images_with_extra_objects"):
+        typer.echo(f"  {k:<22} {rep[k]:.4f}")
+    for k, v in rep["scene_accuracy_by_objects"].items():
+        typer.echo(f"  scene accuracy, {k} object(s): {v:.4f}")
+    if json_path:
+        keys = ("model", "decoder", "n", "batch_size", "seed", "scene_accuracy", "object_accuracy", "fd",
+                "forwards_per_image", "seconds_per_image")
+        out = {k: res[k] for k in keys} | {"fd_real_heldout": res["fd_real_heldout"], "details": res}
+        json_path.write_text(json.dumps(out, indent=1))
+        typer.echo(f"wrote {json_path}")
+
+
+
+@app.command("figures")
+@friendly
+def figures(out: Path = typer.Option(Path("docs"), help="folder for the PNGs and JSON"), seed: int = 0,
+            cfg: float = CFG, model: Optional[str] = MODEL, n: int = typer.Option(256, help="eval prompts for CSD"),
+            csd: str = typer.Option("csd:window=16", help="the CSD decoder spec whose commit maps to show")):
+    """docs/ figures: a 4x4 grid of AR samples for 16 eval prompts, and CSD's commit maps with where its
+    relaxed acceptances fall (objects, smooth and detailed background)."""
+    import numpy as np
+
+    from flows.bench import parse_decoder_spec
+    from reference.commit_maps import content_awareness, overlay
+    from reference.evaluate import generate
+    from reference.figures import captioned_grid
+    from reference.prompts import eval_prompts
+    name, params = parse_decoder_spec(csd)
+    m = _model(model)
+    sc = _sampling(cfg, 1.0, 0, 1.0)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = eval_prompts(16)
+    prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
+    images, _, _ = generate(m, prompts, seeds, "ar", sc, 16)
+    captioned_grid(list(images), prompts).save(out / "samples_grid.png")
+    rows = eval_prompts(n)
+    prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
+    images, stats, _ = generate(m, prompts, seeds, name, sc, 64, params, desc=name)
+    maps = [s.commit_map for s in stats]
+    report = {"decoder": csd, "n": len(prompts),
+              "forwards_per_image": float(np.mean([s.forwards for s in stats]))}
+    report |= content_awareness(prompts, images, maps)
+    (out / "csd_content_awareness.json").write_text(json.dumps(report, indent=1))
+    pick = list(range(8))
+    captioned_grid([images[i] for i in pick], [prompts[i] for i in pick], cols=4,
+                   extra=[overlay(images[i], maps[i]) for i in pick]).save(out / "csd_commit_maps.png")
+    typer.echo(json.dumps(report, indent=1))
+
+
+@app.command("eval-heads")
+@friendly
+def eval_heads(heads: str = typer.Option("reference/weights/heads,reference/weights/heads-token",
+                                         help="comma-separated heads paths (without suffix)"),
+               n: int = typer.Option(64, help="eval prompts"), batch_size: int = 64, seed: int = 0,
+               cfg: float = CFG, model: Optional[str] = MODEL,
+               json_path: Optional[Path] = typer.Option(None, "--json")):
+    """Draft acceptance of SSD heads with exact context (teacher forcing), e.g. latent against token heads."""
+    from decoders import load_heads
+    from decoders.ssd_train import draft_acceptance
+    from reference.prompts import eval_prompts
+    m = _model(model)
+    sc = _sampling(cfg, 1.0, 0, 1.0)
+    rows = eval_prompts(n)
+    res = {"n": n, "rows": []}
+    for path in [h.strip() for h in heads.split(",") if h.strip()]:
+        hd = load_heads(m, path)
+        acc = {"horizontal": 0.0, "vertical": 0.0, "target_entropy_nats": 0.0}
+        for i in range(0, n, batch_size):
+            part = rows[i:i + batch_size]
+            got = draft_acceptance(m, hd, [r["prompt"] for r in part], [seed + r["seed"] for r in part], sc)
+            acc = {k: acc[k] + got[k] * len(part) / n for k in acc}
+        res["rows"].append({"heads": path, "kind": hd.cfg.kind, "params": hd.n_params(),
+                            "flops_per_token_per_head": hd.flops_per_token()} | acc)
+        typer.echo(f"{path}: {hd.cfg.kind} heads, horizontal {acc['horizontal']:.3f}, vertical {acc['vertical']:.3f}")
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))

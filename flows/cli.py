@@ -346,4 +346,6 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m flows.cli` runs this file as __main__; the commands live on flows.cli's `app`
+    from flows.cli import main as _main
+    sys.exit(_main())

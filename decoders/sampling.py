@@ -91,10 +91,41 @@ def sample(probs: torch.Tensor, gens: list[torch.Generator]) -> torch.Tensor:
     return sample_from(probs, uniforms(gens, device=probs.device))
 
 
-def gumbel_table(gens: list[torch.Generator], n: int, V: int, device=None) -> torch.Tensor:
-    """[B, n, V] standard Gumbel noise, row b from gens[b] alone: one fixed noise vector per position."""
-    u = uniforms(gens, n, V, device=device)
+def _gumbel(u: torch.Tensor) -> torch.Tensor:
     return -torch.log(-torch.log(u.clamp(1e-20, 1 - 1e-7)))
+
+
+class PositionNoise:
+    """Gumbel noise fixed per (sample, index) for coupled drafts: row j of sample b is the j-th row of V
+    uniforms that b's generator gives from where decoding starts, as if a [n_rows, V] table were drawn up
+    front. Only the live window's rows are held (a ring of `span` rows, row j at slot j % span), so memory is
+    B x span x V, not B x N x V (1 GB per sample for Emu3's 8,100 positions and 32k codes): a clone of each
+    generator draws rows in index order as the window reaches them, and the sample's own generator skips
+    past the table (drawn and discarded in chunks) so its other randomness does not overlap it."""
+
+    def __init__(self, gens: list[torch.Generator], n_rows: int, V: int, span: int):
+        self.src = []
+        for g in gens:
+            clone = torch.Generator(device=g.device)
+            clone.set_state(g.get_state())
+            self.src.append(clone)
+            for i in range(0, n_rows, 256):  # CPU draws are split-invariant: this is one [n_rows, V] draw
+                torch.rand((min(256, n_rows - i), V), generator=g, device=g.device)
+        self.V, self.span, self.n_rows = V, span, n_rows
+        self.drawn = [0] * len(gens)  # rows drawn so far, per sample
+        self.ring = torch.zeros(len(gens), span, V)
+
+    def rows(self, index: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """index [B, S] (non-decreasing along S; a sample never asks again for rows more than `span`
+        behind its newest) -> Gumbel noise [B, S, V]. Inactive samples draw nothing and get stale rows."""
+        for b in active.nonzero().squeeze(1).tolist():
+            upto = min(int(index[b].max()) + 1, self.n_rows)
+            if upto > self.drawn[b]:
+                new = torch.rand((upto - self.drawn[b], self.V), generator=self.src[b], device=self.src[b].device)
+                slots = torch.arange(self.drawn[b], upto) % self.span
+                self.ring[b, slots] = _gumbel(new).to(self.ring.device)
+                self.drawn[b] = upto
+        return self.ring[torch.arange(index.shape[0])[:, None], index % self.span]
 
 
 def gumbel_sample(probs: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ import torch
 from typing import Protocol
 
 from .protocol import ImageTokenModel, StepOutput, check_request
-from .sampling import (SamplingConfig, gumbel_sample, gumbel_table, make_generators, processed_probs, sample_from,
+from .sampling import (PositionNoise, SamplingConfig, gumbel_sample, make_generators, processed_probs, sample_from,
                        uniforms)
 from .stats import (COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult,
                     SampleStats)
@@ -98,7 +98,7 @@ def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
     B, (rows_, cols) = len(prompts), model.grid
     N, K, V = rows_ * cols, cfg.window - 1, model.n_codes
     ar = torch.arange(B)
-    gumbel = gumbel_table(gens, N + K + 1, V) if cfg.coupled else None  # [B, N + K + 1, V], row j: index j
+    gumbel = PositionNoise(gens, N + K + 1, V, span=K + 1) if cfg.coupled else None  # row j: index j
 
     buf = torch.zeros(B, N + K + 1, dtype=torch.long)  # committed tokens, then the current drafts
     p_draft = torch.zeros(B, K, V)  # draft distribution of each window slot
@@ -141,7 +141,7 @@ def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
         n_valid = (N - n).clamp(max=K)
         v = verify(drafts, p_draft, q, n_valid, u_acc, u_res, cfg.relax)
         if gumbel is not None:  # q[:, s] is the distribution of index idx[:, s] + 1
-            jacobi = gumbel_sample(q, gumbel[ar[:, None], (idx + 1).clamp(max=N + K)])  # [B, K+1]
+            jacobi = gumbel_sample(q, gumbel.rows((idx + 1).clamp(max=N + K), active))  # [B, K+1]
         else:
             jacobi = sample_from(q, u_jac)  # [B, K+1] the target's own sample at every window position
         # ---- statistics, vectorised over the batch

@@ -179,3 +179,19 @@ def test_stats_commit_map_accounts_for_every_token(tiny):
         assert set(np.unique(cm)) <= {COMMIT_AR, COMMIT_ACCEPTED, COMMIT_RESAMPLED, COMMIT_BONUS, COMMIT_RELAXED}
         assert sum(k * c for k, c in enumerate(s.tokens_per_forward_hist)) == 16
         assert sum(s.tokens_per_forward_hist) == s.forwards
+
+
+def test_position_noise_is_a_lazily_drawn_table():
+    # coupled drafts need one noise row per index; PositionNoise holds only the window's rows but must give
+    # exactly the rows of a table drawn up front, and leave the sample's generator past that table
+    from decoders.sampling import PositionNoise
+    g_full, g_lazy = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    table = -torch.log(-torch.log(torch.rand((20, 8), generator=g_full).clamp(1e-20, 1 - 1e-7)))
+    after = torch.rand(4, generator=g_full)
+    noise = PositionNoise([g_lazy], n_rows=20, V=8, span=5)
+    assert torch.equal(torch.rand(4, generator=g_lazy), after)
+    active = torch.tensor([True])
+    for start in (0, 2, 7, 15):  # a window sliding forward by ragged steps
+        idx = torch.arange(start, start + 5)[None, :]
+        assert torch.equal(noise.rows(idx, active)[0], table[start:start + 5])
+    assert noise.ring.shape == (1, 5, 8)

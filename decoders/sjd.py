@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
-
-from typing import Protocol
 
 from .protocol import ImageTokenModel, StepOutput, check_request
 from .sampling import (PositionNoise, SamplingConfig, gumbel_sample, make_generators, processed_probs, sample_from,

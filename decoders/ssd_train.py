@@ -37,18 +37,23 @@ class DistillConfig:
 
 
 @torch.no_grad()
+def teacher_forced(model, prompts: list[str], seeds: list[int], sc: SamplingConfig):
+    """The backbone's own samples and one teacher-forced pass over them: (StepOutput over indices 0..N-2,
+    whose hidden [B, N-1, D] at index i gives x_{i+1}; input embeddings e [B, N, E] of all N tokens)."""
+    N, B = model.grid[0] * model.grid[1], len(prompts)
+    tokens = decode_ar(model, prompts, seeds, sc).tokens  # [B, N]
+    model.start(prompts, sc.uses_cfg)
+    out = model.step(tokens[:, :-1], torch.arange(N - 1).expand(B, N - 1))
+    return out, model.embed(tokens, torch.arange(N).expand(B, N))
+
+
+@torch.no_grad()
 def collect(model, prompts: list[str], sc: SamplingConfig, dc: DistillConfig) -> dict[str, torch.Tensor]:
     """Sample images and gather (hidden, embedding) tensors for both branches: h [M, N-1, D], e [M, N, E]."""
     hs, es = [], []
-    N = model.grid[0] * model.grid[1]
     for i in tqdm(range(0, len(prompts), dc.sample_batch), desc="self-distillation data", unit="batch"):
         batch = prompts[i:i + dc.sample_batch]
-        seeds = [dc.seed * 1_000_003 + i + j for j in range(len(batch))]
-        tokens = decode_ar(model, batch, seeds, sc).tokens  # [b, N]
-        model.start(batch, sc.uses_cfg)
-        idx = torch.arange(N - 1).expand(len(batch), N - 1)
-        out = model.step(tokens[:, :-1], idx)
-        e = model.embed(tokens, torch.arange(N).expand(len(batch), N))
+        out, e = teacher_forced(model, batch, [dc.seed * 1_000_003 + i + j for j in range(len(batch))], sc)
         hs.append(out.hidden)
         es.append(e)
         if out.hidden_uncond is not None:  # the heads also draft the unconditional branch
@@ -115,11 +120,7 @@ def draft_acceptance(model, heads: SpatialHeads, prompts: list[str], seeds: list
     from q passes the lossless test, i.e. its acceptance before any error compounds. The same measure for
     latent and token heads makes the SSD paper's comparison."""
     N, W = model.grid[0] * model.grid[1], model.grid[1]
-    tokens = decode_ar(model, prompts, seeds, sc).tokens  # [B, N]
-    B = len(prompts)
-    out = model.start(prompts, sc.uses_cfg)
-    out = model.step(tokens[:, :-1], torch.arange(N - 1).expand(B, N - 1))
-    e = model.embed(tokens, torch.arange(N).expand(B, N))  # [B, N, E]
+    out, e = teacher_forced(model, prompts, seeds, sc)  # e [B, N, E]
     hc, hu = out.hidden, out.hidden_uncond  # [B, N-1, D]: index i's hidden gives x_{i+1}
     p = processed_probs(out.cond, out.uncond, sc)  # [B, N-1, V]
 

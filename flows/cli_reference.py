@@ -16,15 +16,26 @@ from flows.cli import (CFG, DELTA, ENORM, INIT, LAM, MODEL, TEMP, TOPK, TOPP, WI
 @app.command("train-reference")
 @friendly
 def train_reference(out: Path = typer.Option(Path("reference/weights"), help="bundle directory to write"),
-                    seed: int = 0, gpt_steps: int = typer.Option(None, help="override AR training steps"),
-                    vq_steps: int = typer.Option(None, help="override VQ-VAE training steps")):
-    """Train the VQ tokenizer and the AR model from scratch (CPU, about 90 minutes)."""
+                    work: Path = typer.Option(Path("runs/train-reference"),
+                                              help="folder for the tokenized set, checkpoints and the curve"),
+                    resume: bool = typer.Option(False, help="continue from the checkpoint in --work"),
+                    until_step: Optional[int] = typer.Option(None, help="stop this sitting after this AR step"),
+                    device: str = typer.Option("cpu", help="torch device, e.g. cuda"),
+                    vq_from: Optional[Path] = typer.Option(None, help="take the VQ tokenizer from this bundle"),
+                    seed: int = 0, gpt_steps: Optional[int] = typer.Option(None, help="override AR training steps"),
+                    n_images: Optional[int] = typer.Option(None, help="override the number of training renders"),
+                    curve_prompts: Optional[int] = typer.Option(None, help="eval prompts per curve point (0 = none)")):
+    """Train the VQ tokenizer and the AR model (about 4 hours on 2 CPU cores; resumable with --resume)."""
     from dataclasses import replace
     from reference.train import TrainConfig, train_reference as run
     tc = TrainConfig(seed=seed)
-    tc = replace(tc, **{k: v for k, v in {"gpt_steps": gpt_steps, "vq_steps": vq_steps}.items() if v is not None})
-    typer.echo(json.dumps(run(out, tc), indent=1))
-
+    tc = replace(tc, **{k: v for k, v in {"n_images": n_images, "curve_prompts": curve_prompts}.items()
+                        if v is not None})
+    if gpt_steps is not None:
+        tc = replace(tc, gpt=replace(tc.gpt, steps=gpt_steps))
+    tc = replace(tc, gpt=replace(tc.gpt, seed=seed))
+    res = run(out, tc, work, resume, device, vq_from, until_step)
+    typer.echo(json.dumps({k: res[k] for k in ("steps_done", "timing", "curve")}, indent=1))
 
 
 @app.command("train-scorer")
@@ -63,7 +74,7 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: Optional[Path] = typer.Op
     if prompts is not None:
         captions = [line.strip() for line in prompts.read_text().splitlines() if line.strip()]
     elif model in (None, "reference") or model.startswith("reference:"):
-        from reference.train import build_dataset
+        from reference.train_data import build_dataset
         _, _, captions = build_dataset(n_images, seed + 99)  # training-distribution captions, eval set held out
     else:
         raise ValueError("--prompts is required for Hugging Face models")

@@ -166,7 +166,9 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)
         img = pos - self.cfg.caption_len  # image-token index, negative on caption positions
         is_img = (img >= 0).unsqueeze(-1)
-        img_pos = self.img_pos[img.clamp(0, self.cfg.n_image_tokens - 1)]  # spare slots reuse the last
+        # spare slots reuse the last; F.embedding, not indexing: its CPU backward sums in a fixed order, which
+        # a bit-identical resume needs
+        img_pos = F.embedding(img.clamp(0, self.cfg.n_image_tokens - 1), self.img_pos)
         return x + torch.where(is_img, img_pos, torch.zeros_like(x))
 
     def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
@@ -210,9 +212,15 @@ class GPT(nn.Module):
         for blk in self.layers:
             blk.attn.kv_cache = None
 
-    def training_loss(self, captions: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-        """captions [B, 36], codes [B, 256] -> mean cross-entropy over image tokens."""
+    def training_loss(self, captions: torch.Tensor, codes: torch.Tensor,
+                      weights: torch.Tensor | None = None) -> torch.Tensor:
+        """captions [B, 36], codes [B, 256] -> cross-entropy over image tokens, weighted by weights [B, 256]
+        (e.g. up on object tokens) as sum(w * ce) / sum(w). The head runs on image positions only."""
         C = self.cfg.caption_len
         idx = torch.cat([captions + self.cfg.n_image_codes, codes], dim=1)  # [B, 292]
-        logits, _ = self(idx[:, :-1])
-        return F.cross_entropy(logits[:, C - 1:].reshape(-1, logits.shape[-1]), codes.reshape(-1))
+        h = self.hidden(idx[:, :-1])[:, C - 1:]  # [B, 256, dim]: the positions that predict image tokens
+        ce = F.cross_entropy(self.logits_from_hidden(h).flatten(0, 1), codes.reshape(-1), reduction="none")
+        if weights is None:
+            return ce.mean()
+        w = weights.reshape(-1).to(ce.dtype)
+        return (w * ce).sum() / w.sum()

@@ -17,13 +17,24 @@ class ReferenceModel:
 
     def __init__(self, path: Path | str | None = None, device: str | torch.device = "cpu"):
         bundle = load_bundle(path)
-        self.device = torch.device(device)
-        self.gpt = bundle.gpt.to(self.device).requires_grad_(False)  # frozen: decoders and heads train around it
-        self.vq = bundle.vq.to(self.device).requires_grad_(False)
-        self.name = bundle.name
-        self.path = bundle.path
-        self.weights_digest = bundle.checksums["gpt.safetensors"]  # heads trained for these weights only
-        self.default_heads = bundle.path / "heads"  # SSD heads: heads.safetensors + heads.json
+        device = torch.device(device)
+        # frozen: decoders and heads train around it
+        self._attach(bundle.gpt.to(device).requires_grad_(False), bundle.vq.to(device).requires_grad_(False),
+                     bundle.name, bundle.path, bundle.checksums["gpt.safetensors"])
+
+    @classmethod
+    def from_modules(cls, gpt, vq, name: str = "in-training") -> "ReferenceModel":
+        """Wrap modules that are still training (the learning curve samples them); nothing is frozen or copied."""
+        self = cls.__new__(cls)
+        self._attach(gpt, vq, name, None, None)
+        return self
+
+    def _attach(self, gpt, vq, name: str, path: Path | None, digest: str | None) -> None:
+        self.gpt, self.vq = gpt, vq
+        self.device = next(gpt.parameters()).device
+        self.name, self.path = name, path
+        self.weights_digest = digest  # heads trained for these weights only
+        self.default_heads = path / "heads" if path else None  # SSD heads: heads.safetensors + heads.json
         g = self.gpt.cfg
         self.grid = (g.grid, g.grid)
         self.n_codes = g.n_image_codes

@@ -92,7 +92,7 @@ def train_scorer(vq=None, steps: int = 3000, batch: int = 128, n_images: int = 4
                  device: str = "cpu", workers: int = 2) -> SceneNet:
     """Train on renders (and, given a VQ-VAE, on its reconstructions of the same renders, half the time).
     Training captions exclude the eval set, like the AR model's."""
-    from .train import build_dataset  # the same held-out rendering as the AR model's training set
+    from .train_data import build_dataset  # the same held-out rendering as the AR model's training set
     torch.manual_seed(seed)
     images, _, caps = build_dataset(n_images, seed, workers)
     images = torch.from_numpy(images)

@@ -1,7 +1,8 @@
-"""`ssdgen train-reference`: train the VQ tokenizer and the AR model from scratch on this machine's CPU.
+"""`ssdgen train-reference`: train the VQ tokenizer and the AR model from scratch, resumably.
 
 Stages, each deterministic from the seed: render a training set of scenes (eval captions held out), train
-the VQ-VAE, tokenize the set, train the AR transformer with the caption dropped `cfg_dropout` of the time.
+the VQ-VAE (or take one from an existing bundle), tokenize the set once, then train the AR transformer
+(reference/train_gpt.py) with checkpoints in a work folder, so the run can be spread over sittings.
 Weights are written as safetensors with a JSON config and a SHA-256 manifest that loading checks.
 """
 
@@ -9,23 +10,21 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
-from dataclasses import dataclass
-from multiprocessing import Pool
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from . import captions as cap
-from .gpt import GPT, GPTConfig
-from .prompts import eval_captions
-from .scenes import render, sample_scene
+from .train_data import build_dataset, cached_tokenized_set
+from .train_gpt import GPTTrainConfig, cosine_lr, train_gpt
 from .vqvae import VQVAE, VQConfig
-from .weights import save_bundle
+from .weights import load_bundle, save_bundle, sha256
 
 
 @dataclass(frozen=True)
@@ -37,45 +36,9 @@ class TrainConfig:
     vq_crop: int = 32  # train on random crops: convolutions don't care, and a step costs a quarter
     vq_fg_weight: float = 6.0  # extra loss weight on object pixels
     vq_lr: float = 2e-3
-    gpt_steps: int = 1400
-    gpt_batch: int = 24
-    gpt_lr: float = 2e-3
-    gpt_warmup: int = 100
-    gpt: GPTConfig = GPTConfig(dim=192, n_layers=6, n_heads=6, mlp_hidden=512)
+    curve_prompts: int = 256  # eval prompts per learning-curve point
     vq: VQConfig = VQConfig()
-
-
-def _render_chunk(args: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    seed, start, count = args
-    held_out = eval_captions()
-    imgs, masks, caps = [], [], []
-    rng = np.random.default_rng([seed, start])
-    while len(caps) < count:
-        scene = sample_scene(rng)
-        if scene.caption in held_out:
-            continue
-        img, mask = render(scene, with_mask=True)
-        imgs.append(img)
-        masks.append(mask)
-        caps.append(scene.caption)
-    return np.stack(imgs), np.stack(masks), caps
-
-
-def build_dataset(n: int, seed: int, workers: int = 2) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Render n training scenes -> (uint8 images [n, 64, 64, 3], object masks [n, 64, 64], captions).
-    Chunks are seeded, so the result does not depend on the number of workers."""
-    chunk = 2000
-    jobs = [(seed, s, min(chunk, n - s)) for s in range(0, n, chunk)]
-    with Pool(workers) as pool:
-        parts = list(tqdm(pool.imap(_render_chunk, jobs), total=len(jobs), desc="render", unit="chunk"))
-    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-            [c for p in parts for c in p[2]])
-
-
-def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))))
+    gpt: GPTTrainConfig = field(default_factory=GPTTrainConfig)
 
 
 def train_vq(images: np.ndarray, masks: np.ndarray, tc: TrainConfig) -> VQVAE:
@@ -110,72 +73,62 @@ def train_vq(images: np.ndarray, masks: np.ndarray, tc: TrainConfig) -> VQVAE:
     return vq.eval()
 
 
-@torch.no_grad()
-def tokenize(vq: VQVAE, images: np.ndarray, batch: int = 128) -> np.ndarray:
-    out = [vq.encode(torch.from_numpy(images[i:i + batch])).to(torch.int16).numpy()
-           for i in tqdm(range(0, len(images), batch), desc="tokenize", unit="batch")]
-    return np.concatenate(out)  # [N, 16, 16]
+def curve_point(gpt, vq, n: int, batch_size: int = 64) -> dict:
+    """Object and scene accuracy of AR samples (CFG 3, temperature 1) on the first n eval prompts."""
+    from .evaluate import generate
+    from .model import ReferenceModel
+    from .prompts import eval_prompts
+    from .scorer import load_scorer, score
+    from decoders.sampling import SamplingConfig
+    rows = eval_prompts(n)
+    prompts = [r["prompt"] for r in rows]
+    try:
+        images, _, _ = generate(ReferenceModel.from_modules(gpt, vq), prompts, [r["seed"] for r in rows], "ar",
+                                SamplingConfig(), batch_size, desc="curve")
+    finally:
+        gpt.clear_caches()
+    rep = score(load_scorer(), images, prompts)
+    return {"n": n, "object_accuracy": rep["object_accuracy"], "scene_accuracy": rep["scene_accuracy"],
+            "scene_accuracy_by_objects": rep["scene_accuracy_by_objects"],
+            "images_with_extra_objects": rep["images_with_extra_objects"]}
 
 
-def train_gpt(caption_ids: np.ndarray, codes: np.ndarray, tc: TrainConfig) -> GPT:
-    gen = torch.Generator().manual_seed(tc.seed + 1)
-    torch.manual_seed(tc.seed + 1)
-    gpt = GPT(tc.gpt)
-    decay = [p for n, p in gpt.named_parameters() if p.dim() >= 2 and "emb" not in n and "pos" not in n]
-    other = [p for n, p in gpt.named_parameters() if not (p.dim() >= 2 and "emb" not in n and "pos" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": other, "weight_decay": 0.0}],
-                            lr=tc.gpt_lr, betas=(0.9, 0.95))
-    caps_t = torch.from_numpy(caption_ids).long()
-    codes_t = torch.from_numpy(codes.reshape(len(codes), -1)).long()
-    null = torch.tensor(cap.null_caption())
-    bar = tqdm(range(tc.gpt_steps), desc="ar-model", unit="step")
-    ema = None
-    for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, tc.gpt_steps, tc.gpt_lr, tc.gpt_warmup)
-        idx = torch.randint(0, len(codes_t), (tc.gpt_batch,), generator=gen)
-        c = caps_t[idx]
-        drop = torch.rand(tc.gpt_batch, generator=gen) < tc.gpt.cfg_dropout
-        c[drop] = null
-        loss = gpt.training_loss(c, codes_t[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
-        opt.step()
-        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-        if step % 10 == 0:
-            bar.set_postfix(loss=f"{ema:.3f}", lr=f"{opt.param_groups[0]['lr']:.1e}")
-    return gpt.eval()
+def _vq_stage(work: Path, tc: TrainConfig, vq_from: Path | None, device: torch.device) -> tuple[VQVAE, dict]:
+    path = work / "vq.safetensors"
+    t = time.time()
+    if not path.exists():
+        if vq_from is not None:  # an existing bundle's tokenizer, e.g. to retrain only the AR model
+            shutil.copyfile(load_bundle(vq_from).path / "vq.safetensors", path)
+        else:
+            images, masks, _ = build_dataset(tc.n_images, tc.seed)
+            save_file({k: v.contiguous() for k, v in train_vq(images, masks, tc).state_dict().items()}, path)
+    vq = VQVAE(tc.vq)
+    vq.load_state_dict(load_file(path), strict=True)
+    return vq.to(device).eval().requires_grad_(False), {"vq_s": time.time() - t, "vq_from": str(vq_from or "")}
 
 
-def train_reference(out_dir: Path, tc: TrainConfig = TrainConfig()) -> dict:
-    """Run all stages and write the bundle to out_dir; returns the timing/summary record."""
-    torch.manual_seed(tc.seed)
+def train_reference(out_dir: Path, tc: TrainConfig = TrainConfig(), work: Path = Path("runs/train-reference"),
+                    resume: bool = False, device: str = "cpu", vq_from: Path | None = None,
+                    until_step: int | None = None) -> dict:
+    """Run (or continue) all stages; writes the bundle to out_dir once the AR model's last step is done.
+    Returns the summary: settings, per-stage seconds (summed over sittings), the learning curve."""
+    dev = torch.device(device)
+    work.mkdir(parents=True, exist_ok=True)
+    timing_path = work / "timing.json"
+    timing = json.loads(timing_path.read_text()) if resume and timing_path.exists() else {}
+    vq, t = _vq_stage(work, tc, vq_from, dev)
+    timing.setdefault("vq", t)
     t0 = time.time()
-    times = {}
-    images, masks, captions = build_dataset(tc.n_images, tc.seed)
-    times["render_s"] = time.time() - t0
-    t = time.time()
-    vq = train_vq(images, masks, tc)
-    del masks
-    times["vq_s"] = time.time() - t
-    out_dir.mkdir(parents=True, exist_ok=True)  # early copy, so the scorer can train while the AR model does
-    save_file({k: v.contiguous() for k, v in vq.state_dict().items()}, out_dir / "vq.safetensors")
-    t = time.time()
-    codes = tokenize(vq, images)
-    times["tokenize_s"] = time.time() - t
-    caption_ids = np.array([cap.encode(c) for c in captions], dtype=np.int16)
-    t = time.time()
-    gpt = train_gpt(caption_ids, codes, tc)
-    times["gpt_s"] = time.time() - t
-    times["total_s"] = time.time() - t0
-    summary = {"train_config": {k: v for k, v in tc.__dict__.items() if k not in ("gpt", "vq")},
-               "timing": times, "torch_threads": torch.get_num_threads(),
-               "gpt_params": sum(p.numel() for p in gpt.parameters()),
+    data = cached_tokenized_set(work, tc.n_images, tc.seed, vq, sha256(work / "vq.safetensors"))
+    timing.setdefault("data_s", time.time() - t0)
+    timing_path.write_text(json.dumps(timing, indent=1))
+    evaluate = (lambda g: curve_point(g, vq, tc.curve_prompts)) if tc.curve_prompts else None
+    gpt, state = train_gpt(data, tc.gpt, work, resume, dev, until_step, evaluate)
+    summary = {"train_config": asdict(tc), "timing": timing | {"gpt_s": state["train_seconds"]},
+               "steps_done": state["step"], "curve": state["curve"], "torch_threads": torch.get_num_threads(),
+               "device": str(dev), "gpt_params": sum(p.numel() for p in gpt.parameters()),
                "vq_params": sum(p.numel() for p in vq.parameters())}
-    save_bundle(out_dir, vq, gpt, summary)
+    (work / "curve.json").write_text(json.dumps(state["curve"], indent=1))
+    if state["step"] >= tc.gpt.steps:
+        save_bundle(out_dir, vq.cpu(), gpt.cpu(), summary)
     return summary
-
-
-if __name__ == "__main__":
-    print(json.dumps(train_reference(Path("reference/weights")), indent=1))

@@ -21,6 +21,7 @@ from .vqvae import VQVAE, VQConfig
 
 DEFAULT_DIR = Path(__file__).parent / "weights"
 FILES = ("vq.safetensors", "gpt.safetensors", "config.json")
+BUNDLE_NAME = "scenes-reference-v2"  # v1 (scenes-reference) barely followed its prompts; its heads are refused
 
 
 class BundleError(RuntimeError):
@@ -35,12 +36,12 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def save_bundle(out_dir: Path, vq: VQVAE, gpt: GPT, summary: dict) -> None:
+def save_bundle(out_dir: Path, vq: VQVAE, gpt: GPT, summary: dict, name: str = BUNDLE_NAME) -> None:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in vq.state_dict().items()}, out_dir / "vq.safetensors")
     save_file({k: v.contiguous() for k, v in gpt.state_dict().items()}, out_dir / "gpt.safetensors")
-    config = {"name": "scenes-reference", "vq": vq.cfg.to_dict(), "gpt": gpt.cfg.to_dict(),
+    config = {"name": name, "vq": vq.cfg.to_dict(), "gpt": gpt.cfg.to_dict(),
               "caption_vocab": cap.VOCAB, "summary": summary}
     (out_dir / "config.json").write_text(json.dumps(config, indent=1))
     sums = {f: sha256(out_dir / f) for f in FILES}

@@ -1,0 +1,96 @@
+"""The training set: rendered scenes (eval captions held out), tokenized once, cached as safetensors.
+
+A sample is its caption ids [36], its image codes [256] and the object coverage of each code's 4x4 patch
+[256] (0..255), which weights the AR model's loss towards the tokens that carry the caption's meaning.
+Rendering and tokenizing are deterministic from (n, seed, VQ weights), which name the cache file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from . import captions as cap
+from .prompts import eval_captions
+from .scenes import render, sample_scene
+from .vqvae import VQVAE
+
+
+def _render_chunk(args: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    seed, start, count = args
+    held_out = eval_captions()
+    imgs, masks, caps = [], [], []
+    rng = np.random.default_rng([seed, start])
+    while len(caps) < count:
+        scene = sample_scene(rng)
+        if scene.caption in held_out:
+            continue
+        img, mask = render(scene, with_mask=True)
+        imgs.append(img)
+        masks.append(mask)
+        caps.append(scene.caption)
+    return np.stack(imgs), np.stack(masks), caps
+
+
+def build_dataset(n: int, seed: int, workers: int = 2) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Render n training scenes -> (uint8 images [n, 64, 64, 3], object masks [n, 64, 64], captions).
+    Chunks are seeded, so the result does not depend on the number of workers."""
+    chunk = 2000
+    jobs = [(seed, s, min(chunk, n - s)) for s in range(0, n, chunk)]
+    with Pool(workers) as pool:
+        parts = list(tqdm(pool.imap(_render_chunk, jobs), total=len(jobs), desc="render", unit="chunk"))
+    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+            [c for p in parts for c in p[2]])
+
+
+@torch.no_grad()
+def tokenize(vq: VQVAE, images: np.ndarray, batch: int = 256) -> np.ndarray:
+    """uint8 images [N, 64, 64, 3] -> codes int16 [N, 16, 16], on the VQ's device."""
+    device = next(vq.parameters()).device
+    out = [vq.encode(torch.from_numpy(images[i:i + batch]).to(device)).to(torch.int16).cpu().numpy()
+           for i in tqdm(range(0, len(images), batch), desc="tokenize", unit="batch")]
+    return np.concatenate(out)
+
+
+@dataclass
+class TokenizedSet:
+    captions: torch.Tensor  # [N, 36] int16 caption ids
+    codes: torch.Tensor  # [N, 256] int16 image codes, raster order
+    coverage: torch.Tensor  # [N, 256] uint8 object coverage of each code's patch, 0..255
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        save_file({"captions": self.captions, "codes": self.codes, "coverage": self.coverage}, tmp)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "TokenizedSet":
+        t = load_file(path)
+        return cls(t["captions"], t["codes"], t["coverage"])
+
+
+def tokenized_set(images: np.ndarray, masks: np.ndarray, captions: list[str], vq: VQVAE) -> TokenizedSet:
+    codes = tokenize(vq, images).reshape(len(images), -1)
+    grid = codes.shape[1] ** 0.5
+    cover = F.adaptive_avg_pool2d(torch.from_numpy(masks).float().unsqueeze(1), int(grid))  # [N, 1, 16, 16]
+    return TokenizedSet(torch.tensor(np.array([cap.encode(c) for c in captions]), dtype=torch.int16),
+                        torch.from_numpy(codes), cover.flatten(1).round().to(torch.uint8))
+
+
+def cached_tokenized_set(work: Path, n: int, seed: int, vq: VQVAE, vq_digest: str) -> TokenizedSet:
+    """Render and tokenize n scenes, or load them from work/ when the same (n, seed, VQ) made them before."""
+    path = work / f"tokens-n{n}-seed{seed}-vq{vq_digest[:12]}.safetensors"
+    if path.exists():
+        return TokenizedSet.load(path)
+    images, masks, captions = build_dataset(n, seed)
+    data = tokenized_set(images, masks, captions, vq)
+    work.mkdir(parents=True, exist_ok=True)
+    data.save(path)
+    return data

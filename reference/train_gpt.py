@@ -1,0 +1,144 @@
+"""The AR transformer's training loop: object-weighted loss, resumable checkpoints, a learning curve.
+
+Resuming continues bit-identically to an uninterrupted run: every step draws its batch and its CFG
+dropout from a generator seeded by (seed, step), so there is no data-order state to carry, and the
+checkpoint holds the model, AdamW's moments and step counts exactly. A checkpoint is one safetensors
+file (tensors plus a JSON metadata string), written to a temporary name and renamed, so a run killed
+mid-write leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from . import captions as cap
+from .gpt import GPT, GPTConfig
+from .train_data import TokenizedSet
+
+CKPT = "gpt-checkpoint.safetensors"
+
+
+@dataclass(frozen=True)
+class GPTTrainConfig:
+    seed: int = 0
+    steps: int = 4000
+    batch: int = 32
+    lr: float = 1.5e-3
+    warmup: int = 200
+    weight_decay: float = 0.05
+    object_weight: float = 4.0  # token loss weight is 1 + object_weight * (object coverage of its 4x4 patch)
+    checkpoint_minutes: float = 5.0
+    eval_every: int = 500  # steps between learning-curve points (0 = none)
+    gpt: GPTConfig = GPTConfig(dim=256, n_layers=6, n_heads=8, mlp_hidden=688)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))))
+
+
+def make_optimizer(gpt: GPT, tc: GPTTrainConfig) -> torch.optim.AdamW:
+    def decays(n: str, p: torch.nn.Parameter) -> bool:
+        return p.dim() >= 2 and "emb" not in n and "pos" not in n
+    decay = [p for n, p in gpt.named_parameters() if decays(n, p)]
+    other = [p for n, p in gpt.named_parameters() if not decays(n, p)]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
+                              {"params": other, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.95))
+
+
+def batch_for_step(data: TokenizedSet, tc: GPTTrainConfig, step: int, device: torch.device):
+    """The step's batch, a function of (seed, step) only: captions [B, 36], codes [B, 256], weights [B, 256]."""
+    gen = torch.Generator().manual_seed(tc.seed * 1_000_003 + step)
+    idx = torch.randint(0, len(data.codes), (tc.batch,), generator=gen)
+    c = data.captions[idx].long()
+    c[torch.rand(tc.batch, generator=gen) < tc.gpt.cfg_dropout] = torch.tensor(cap.null_caption())
+    w = 1.0 + tc.object_weight * data.coverage[idx].float() / 255
+    return c.to(device), data.codes[idx].long().to(device), w.to(device)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+def save_checkpoint(path: Path, gpt: GPT, opt: torch.optim.Optimizer, state: dict) -> None:
+    tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in gpt.state_dict().items()}
+    for i, s in opt.state_dict()["state"].items():
+        for k, v in s.items():
+            tensors[f"opt.{i}.{k}"] = torch.as_tensor(v).detach().contiguous().cpu()
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, tmp, metadata={"state": json.dumps(state)})
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, gpt: GPT, opt: torch.optim.Optimizer, tc: GPTTrainConfig) -> dict:
+    from safetensors import safe_open
+    with safe_open(path, "pt") as f:
+        state = json.loads(f.metadata()["state"])
+    if state["config"] != json.loads(json.dumps(tc.to_dict())):
+        raise ValueError(f"{path}: checkpoint was written with other training settings; "
+                         f"start afresh without --resume or use its settings")
+    tensors = load_file(path, device=str(next(gpt.parameters()).device))
+    gpt.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
+    sd = opt.state_dict()
+    for i in sd["state"].keys() | {int(k.split(".")[1]) for k in tensors if k.startswith("opt.")}:
+        sd["state"][i] = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
+    opt.load_state_dict(sd)
+    return state
+
+
+# --------------------------------------------------------------------------- the loop
+
+def train_gpt(data: TokenizedSet, tc: GPTTrainConfig, work: Path, resume: bool = False,
+              device: str | torch.device = "cpu", until_step: int | None = None,
+              evaluate: Callable[[GPT], dict] | None = None) -> tuple[GPT, dict]:
+    """Train (or continue) the AR model; returns it and the run state (step, elapsed seconds, curve).
+
+    until_step stops this sitting early (a later `resume` continues); evaluate(gpt) gives a curve point."""
+    device = torch.device(device)
+    work.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(tc.seed + 1)
+    gpt = GPT(tc.gpt).to(device)
+    opt = make_optimizer(gpt, tc)
+    state = {"step": 0, "train_seconds": 0.0, "curve": [], "config": tc.to_dict()}
+    if resume and (work / CKPT).exists():
+        state = load_checkpoint(work / CKPT, gpt, opt, tc)
+        print(f"resumed from {work / CKPT} at step {state['step']}", flush=True)
+    stop = min(tc.steps, until_step if until_step is not None else tc.steps)
+    last_save, t_start, seconds0 = time.time(), time.time(), state["train_seconds"]
+    ema = state.get("loss_ema")
+    bar = tqdm(range(state["step"], stop), initial=state["step"], total=tc.steps, desc="ar-model", unit="step")
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = cosine_lr(step, tc.steps, tc.lr, tc.warmup)
+        loss = gpt.training_loss(*batch_for_step(data, tc, step, device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
+        opt.step()
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        bar.set_postfix(loss=f"{ema:.3f}", lr=f"{opt.param_groups[0]['lr']:.1e}", refresh=False)
+        state["step"], state["train_seconds"] = step + 1, seconds0 + time.time() - t_start
+        state["loss_ema"] = ema
+        at_eval = evaluate is not None and tc.eval_every and (step + 1) % tc.eval_every == 0
+        if at_eval:
+            point = {"step": step + 1, "samples_seen": (step + 1) * tc.batch, "loss_ema": ema,
+                     "train_seconds": state["train_seconds"]} | evaluate(gpt)
+            state["curve"].append(point)
+            print(json.dumps(point), flush=True)
+            t_start, seconds0 = time.time(), state["train_seconds"]  # curve sampling is not training time
+        if at_eval or time.time() - last_save > 60 * tc.checkpoint_minutes or step + 1 == stop:
+            save_checkpoint(work / CKPT, gpt, opt, state)
+            last_save = time.time()
+    return gpt.eval(), state

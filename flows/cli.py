@@ -255,6 +255,46 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
         typer.echo(f"wrote {html}")
 
 
+@app.command("fidelity")
+@friendly
+def fidelity_cmd(decoders: str = typer.Option("sjd,ssd:lossless=true,csd,ssd+csd",
+                                              help="comma-separated specs, each compared with ar"),
+                 n: int = typer.Option(256, help="prompts: the first n eval prompts, or of --prompts"),
+                 batch_size: int = 64, seed: int = 0,
+                 tolerance: float = typer.Option(0.15, help="allowed |NLL gap| in nats/token (95% interval)"),
+                 prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)"),
+                 json_path: Optional[Path] = typer.Option(None, "--json"),
+                 device: str = typer.Option("cpu", help="torch device for the model: cpu or cuda[:N]"),
+                 cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK, top_p: float = TOPP,
+                 model: Optional[str] = MODEL):
+    """Fidelity against the target: NLL per token of each decoder's tokens under the model, its gap to AR
+    with bootstrap intervals, FD to AR's own samples and accuracy deltas (reference model)."""
+    from flows.bench import parse_decoder_spec
+    from flows.fidelity import fidelity
+    specs = [(*parse_decoder_spec(s), s.strip()) for s in decoders.split(",") if s.strip()]
+    if not specs:
+        raise ValueError("--decoders is empty: name at least one decoder, e.g. sjd,csd")
+    if n < 2 or batch_size < 1 or tolerance <= 0:
+        raise ValueError(f"--n must be >= 2, --batch-size >= 1 and --tolerance > 0; got {n}, {batch_size}, "
+                         f"{tolerance}")
+    if prompts is not None:
+        if not prompts.exists():
+            raise FileNotFoundError(f"{prompts}: no such prompts file")
+        texts = [line.strip() for line in prompts.read_text().splitlines() if line.strip()][:n]
+        seeds = [seed * 1_000_003 + i for i in range(len(texts))]
+    else:
+        from reference.prompts import eval_prompts
+        rows = eval_prompts(min(n, 1024))
+        texts, seeds = [r["prompt"] for r in rows], [seed * 1_000_003 + r["seed"] for r in rows]
+    if len(texts) < 2:
+        raise ValueError("fidelity needs at least 2 prompts")
+    res = fidelity(_model_on(model, device), specs, texts, seeds, _sampling(cfg, temperature, top_k, top_p),
+                   batch_size, tolerance, log=typer.echo)
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+        typer.echo(f"wrote {json_path}")
+
+
 def _model_on(model: Optional[str], device: str):
     from workers.models import load_model
     return load_model(model, device=device)

@@ -179,10 +179,15 @@ def judge(spec: Scene, pred: dict[str, np.ndarray], i: int) -> Judgement:
     return Judgement(all(objects_correct) and bg_kind and extras == 0, objects_correct, attrs, bg_kind, bg_col, extras)
 
 
+def judgements(net: SceneNet, images: np.ndarray, prompts: list[str]) -> list[Judgement]:
+    """One Judgement per image [N, 64, 64, 3] uint8 against the scene its prompt names."""
+    pred = predict(net, images)
+    return [judge(cap.parse(p), pred, i) for i, p in enumerate(prompts)]
+
+
 def score(net: SceneNet, images: np.ndarray, prompts: list[str]) -> dict:
     """Scene accuracy report for images [N, 64, 64, 3] uint8 generated for prompts."""
-    pred = predict(net, images)
-    js = [judge(cap.parse(p), pred, i) for i, p in enumerate(prompts)]
+    js = judgements(net, images, prompts)
     n_obj = np.array([len(j.objects_correct) for j in js])
     report = {
         "n": len(js),

@@ -124,7 +124,8 @@ def train_reference(out_dir: Path, tc: TrainConfig = TrainConfig(), work: Path =
     timing_path.write_text(json.dumps(timing, indent=1))
     evaluate = (lambda g: curve_point(g, vq, tc.curve_prompts)) if tc.curve_prompts else None
     gpt, state = train_gpt(data, tc.gpt, work, resume, dev, until_step, evaluate)
-    summary = {"train_config": asdict(tc), "timing": timing | {"gpt_s": state["train_seconds"]},
+    timing |= {"gpt_s": state["train_seconds"], "gpt_cpu_s": state["cpu_seconds"]}
+    summary = {"train_config": asdict(tc), "timing": timing,
                "steps_done": state["step"], "curve": state["curve"], "torch_threads": torch.get_num_threads(),
                "device": str(dev), "gpt_params": sum(p.numel() for p in gpt.parameters()),
                "vq_params": sum(p.numel() for p in vq.parameters())}

@@ -111,12 +111,15 @@ def train_gpt(data: TokenizedSet, tc: GPTTrainConfig, work: Path, resume: bool =
     torch.manual_seed(tc.seed + 1)
     gpt = GPT(tc.gpt).to(device)
     opt = make_optimizer(gpt, tc)
-    state = {"step": 0, "train_seconds": 0.0, "curve": [], "config": tc.to_dict()}
+    # train_seconds is wall time; cpu_seconds the process's CPU time (all threads), which other work on the
+    # machine does not inflate
+    state = {"step": 0, "train_seconds": 0.0, "cpu_seconds": 0.0, "curve": [], "config": tc.to_dict()}
     if resume and (work / CKPT).exists():
         state = load_checkpoint(work / CKPT, gpt, opt, tc)
         print(f"resumed from {work / CKPT} at step {state['step']}", flush=True)
     stop = min(tc.steps, until_step if until_step is not None else tc.steps)
     last_save, t_start, seconds0 = time.time(), time.time(), state["train_seconds"]
+    c_start, cpu0 = time.process_time(), state["cpu_seconds"]
     ema = state.get("loss_ema")
     bar = tqdm(range(state["step"], stop), initial=state["step"], total=tc.steps, desc="ar-model", unit="step")
     for step in bar:
@@ -130,14 +133,16 @@ def train_gpt(data: TokenizedSet, tc: GPTTrainConfig, work: Path, resume: bool =
         ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
         bar.set_postfix(loss=f"{ema:.3f}", lr=f"{opt.param_groups[0]['lr']:.1e}", refresh=False)
         state["step"], state["train_seconds"] = step + 1, seconds0 + time.time() - t_start
-        state["loss_ema"] = ema
+        state["loss_ema"], state["cpu_seconds"] = ema, cpu0 + time.process_time() - c_start
         at_eval = evaluate is not None and tc.eval_every and (step + 1) % tc.eval_every == 0
         if at_eval:
             point = {"step": step + 1, "samples_seen": (step + 1) * tc.batch, "loss_ema": ema,
                      "train_seconds": state["train_seconds"]} | evaluate(gpt)
             state["curve"].append(point)
             print(json.dumps(point), flush=True)
-            t_start, seconds0 = time.time(), state["train_seconds"]  # curve sampling is not training time
+            # curve sampling is not training time
+            t_start, seconds0 = time.time(), state["train_seconds"]
+            c_start, cpu0 = time.process_time(), state["cpu_seconds"]
         if at_eval or time.time() - last_save > 60 * tc.checkpoint_minutes or step + 1 == stop:
             save_checkpoint(work / CKPT, gpt, opt, state)
             last_save = time.time()

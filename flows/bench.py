@@ -188,7 +188,8 @@ def check_args(specs: list[str], batch_sizes: list[int]) -> None:
 
 def bench(model, specs: list[str], n: int, batch_sizes: list[int], quality_n: int, sc: SamplingConfig,
           quality_batch: int = 64, seed: int = 0, log=print, device_type: str = "cpu",
-          warmup: bool | None = None, quality_decoders: list[str] | None = None) -> dict:
+          warmup: bool | None = None, quality_decoders: list[str] | None = None, fidelity_n: int = 0,
+          tolerance: float = 0.15) -> dict:
     """`warmup` (default: on CUDA only) decodes one prompt per decoder first, untimed (CUDA/cuBLAS start-up).
     `quality_decoders`: the decoder specs to score for quality (default: all); lossless decoders sample AR's
     distribution by construction (tested exactly and statistically), so a run may spend its time elsewhere."""
@@ -244,7 +245,29 @@ def bench(model, specs: list[str], n: int, batch_sizes: list[int], quality_n: in
                 if row["decoder"] == _label(name, params):
                     row.update(scene_accuracy=q["scene_accuracy"], object_accuracy=q["object_accuracy"],
                                fd=q["fd"], quality_n=quality_n, quality_forwards_per_image=q["forwards_per_image"])
+    samples = _add_fidelity(model, decs, rows, fidelity_n, sc, quality_batch, seed, tolerance, log) \
+        if fidelity_n else None
     return {"model": model.name, "device": device_label(dev), "torch_device": str(dev),
             "device_type": price.device_type, "devices": devices, "threads": torch.get_num_threads(),
             "price": dataclasses.asdict(price), "model_info": model_info(model),
-            "date": dt.date.today().isoformat(), "sampling": sc.__dict__, "rows": rows}
+            "date": dt.date.today().isoformat(), "sampling": sc.__dict__, "rows": rows} \
+        | ({"samples": samples, "fidelity_n": fidelity_n, "tolerance": tolerance} if fidelity_n else {})
+
+
+FIDELITY_COLS = ("nll_gap", "nll_gap_ci", "indistinguishable", "within_tolerance", "fd_to_ar", "fd_noise_floor")
+
+
+def _add_fidelity(model, decs, rows, n, sc, batch, seed, tolerance, log) -> dict | None:
+    """Fidelity columns on every speed row of each decoder; returns the side-by-side samples (or None)."""
+    from flows.fidelity import fidelity
+    from reference.prompts import eval_prompts
+    ev = eval_prompts(n)
+    specs = [(name, params, _label(name, params)) for name, params in decs]
+    fid = fidelity(model, specs, [r["prompt"] for r in ev], [seed * 1_000_003 + r["seed"] for r in ev], sc,
+                   batch, tolerance, log=log, keep_images=8)
+    by_label = {r["decoder"]: r for r in fid["rows"]}
+    for row in rows:
+        f = by_label.get(row["decoder"])
+        if f is not None:
+            row.update({k: f[k] for k in FIDELITY_COLS} | {"fidelity_n": n})
+    return fid.get("samples")

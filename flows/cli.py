@@ -218,6 +218,8 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
               quality_n: int = typer.Option(1024, help="eval prompts for scene accuracy and FD (0 = skip)"),
               quality_decoders: Optional[str] = typer.Option(None, help="comma-separated specs to score for "
                                                              "quality (default: all of --decoders)"),
+              fidelity_n: int = typer.Option(256, help="eval prompts for the NLL gap to ar (0 = skip)"),
+              tolerance: float = typer.Option(0.15, help="allowed |NLL gap| in nats/token (95% interval)"),
               json_path: Optional[Path] = typer.Option(None, "--json"),
               html: Optional[Path] = typer.Option(None, "--html", help="write a standalone HTML report here"),
               device_type: str = typer.Option("cpu", help="price row in infra/prices.csv for $ per 1k images "
@@ -232,17 +234,20 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
         sizes = [int(b) for b in batch_sizes.split(",") if b.strip()]
     except ValueError:
         raise ValueError(f"--batch-sizes must be comma-separated integers, got {batch_sizes!r}") from None
-    if not 1 <= n <= 1024 or not 0 <= quality_n <= 1024:
-        raise ValueError(f"--n must be in 1..1024 and --quality-n in 0..1024, got {n} and {quality_n}")
+    if not 1 <= n <= 1024 or not 0 <= quality_n <= 1024 or not (fidelity_n == 0 or 2 <= fidelity_n <= 1024):
+        raise ValueError(f"--n must be in 1..1024, --quality-n in 0..1024 and --fidelity-n 0 or in 2..1024, "
+                         f"got {n}, {quality_n} and {fidelity_n}")
     check_args(specs, sizes)  # all argument errors before the model loads
     for s in specs:
         parse_decoder_spec(s)
     resolve_device(device, device_type)
     res = bench(_model_on(model, device), specs, n, sizes, quality_n, _sampling(cfg, temperature, top_k, top_p),
                 seed=seed, log=typer.echo, device_type=device_type,
-                quality_decoders=[q for q in quality_decoders.split(",") if q.strip()] if quality_decoders else None)
+                quality_decoders=[q for q in quality_decoders.split(",") if q.strip()] if quality_decoders else None,
+                fidelity_n=fidelity_n, tolerance=tolerance)
+    samples = res.pop("samples", None)  # images: for the page, not the JSON
     cols = ("decoder", "batch_size", "forwards_per_image", "tokens_per_forward", "seconds_per_image",
-            "speedup_vs_ar", "usd_per_1k_images", "scene_accuracy", "object_accuracy", "fd")
+            "speedup_vs_ar", "usd_per_1k_images", "nll_gap", "scene_accuracy", "object_accuracy", "fd")
     typer.echo(" | ".join(cols))
     for r in res["rows"]:
         typer.echo(" | ".join(f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols))
@@ -251,7 +256,7 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
         typer.echo(f"wrote {json_path}")
     if html:
         from flows.plots import bench_html
-        html.write_text(bench_html(res), encoding="utf-8")
+        html.write_text(bench_html(res, samples), encoding="utf-8")
         typer.echo(f"wrote {html}")
 
 

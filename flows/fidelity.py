@@ -102,23 +102,30 @@ def compare(dec: dict, ref: dict, control: dict | None, prompts: list[str], judg
 
 
 def fidelity(model, specs: list[tuple[str, dict, str]], prompts: list[str], seeds: list[int], sc: SamplingConfig,
-             batch_size: int = 64, tolerance: float = 0.15, log=print) -> dict:
-    """specs: (decoder name, params, label). Returns {"rows": [...]} with the `ar` control row first."""
+             batch_size: int = 64, tolerance: float = 0.15, log=print, keep_images: int = 0) -> dict:
+    """specs: (decoder name, params, label). Returns {"rows": [...]} with the `ar` control row first, and
+    with keep_images > 0 (and a model that draws images) "samples": the first keep_images prompts and
+    {label: uint8 images} for each decoder, the AR control included, for side-by-side grids."""
     judge = SceneJudge() if hasattr(model, "vq") and model.grid == (16, 16) else None
     images = judge is not None
     ref_seeds = [s + REFERENCE_SEED_OFFSET for s in seeds]
     ref = decode_set(model, "ar", {}, prompts, ref_seeds, sc, batch_size, images)
     control = decode_set(model, "ar", {}, prompts, seeds, sc, batch_size, images)
-    rows = []
+    rows, samples = [], {}
     for name, params, label in [("ar", {}, "ar")] + [s for s in specs if s[2] != "ar"]:
         dec = control if label == "ar" else decode_set(model, name, params, prompts, seeds, sc, batch_size, images)
         row = {"decoder": label} | compare(dec, ref, control, prompts, judge, tolerance)
         row["speedup_forwards_vs_ar"] = float(ref["forwards"].mean()) / row["forwards_per_image"]
         rows.append(row)
+        if keep_images and images:
+            samples[label] = dec["images"][:keep_images]
         log(f"fidelity {label:<30} {row['forwards_per_image']:6.1f} forwards  NLL gap {row['nll_gap']:+.3f} "
             f"[{row['nll_gap_ci'][0]:+.3f}, {row['nll_gap_ci'][1]:+.3f}]  "
             f"{'indistinguishable' if row['indistinguishable'] else 'DIFFERS'}"
             + (f"  FD to AR {row['fd_to_ar']:.1f} (floor {row['fd_noise_floor']:.1f})" if judge else ""))
-    return {"model": model.name, "date": dt.date.today().isoformat(), "n": len(prompts), "tolerance": tolerance,
-            "sampling": sc.__dict__, "ar_reference_nll_per_token": float(ref["nll"].mean()),
-            "threads": torch.get_num_threads(), "rows": rows}
+    res = {"model": model.name, "date": dt.date.today().isoformat(), "n": len(prompts), "tolerance": tolerance,
+           "sampling": sc.__dict__, "ar_reference_nll_per_token": float(ref["nll"].mean()),
+           "threads": torch.get_num_threads(), "rows": rows}
+    if samples:
+        res["samples"] = {"prompts": prompts[:keep_images], "images": samples}
+    return res

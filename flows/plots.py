@@ -82,6 +82,8 @@ def fmt(v, digits: int = 3) -> str:
         return f"{v:,.{digits}f}"
     if isinstance(v, int):
         return f"{v:,}"
+    if isinstance(v, (list, tuple)):  # an interval
+        return "[" + ", ".join(fmt(x, digits) for x in v) + "]"
     return str(v)
 
 
@@ -185,16 +187,60 @@ def throughput_plot(rows: list[dict]) -> bytes:
     return fig_png(fig)
 
 
+def frontier_plot(rows: list[dict]) -> bytes:
+    """Images/s (each decoder at its best measured batch size) against the NLL gap to ar with its 95%
+    interval; Pareto-optimal settings (no other is both faster and closer to ar) ringed and joined."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.9, 3.6))
+    colours = _colour_map(_decoders(rows))
+    best = {}
+    for r in rows:
+        if r.get("nll_gap") is not None and r["images_per_s"] > best.get(r["decoder"], {}).get("images_per_s", -1):
+            best[r["decoder"]] = r
+    pts = list(best.values())
+    front = pareto_front([(-abs(r["nll_gap"]), r["images_per_s"]) for r in pts])
+    for i, r in enumerate(pts):
+        lo, hi = r["nll_gap_ci"]
+        ax.errorbar(r["nll_gap"], r["images_per_s"], xerr=[[r["nll_gap"] - lo], [hi - r["nll_gap"]]], fmt="o",
+                    color=colours[r["decoder"]], ms=7, capsize=3, zorder=3,
+                    label=f"{r['decoder']} (batch {r['batch_size']})")
+        if i in front:
+            ax.scatter(r["nll_gap"], r["images_per_s"], s=190, facecolors="none", edgecolors="#222", zorder=4)
+    line = sorted((pts[i] for i in front), key=lambda r: abs(r["nll_gap"]))
+    ax.plot([r["nll_gap"] for r in line], [r["images_per_s"] for r in line], "--", color="#999", zorder=2)
+    ax.axvline(0, color="#ccc", lw=1)
+    ax.set_xlabel("NLL gap to ar under the target (nats/token, 95% interval)")
+    ax.set_ylabel("images / s (best batch size)")
+    ax.set_title("speed vs fidelity (ringed: Pareto-optimal)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    return fig_png(fig)
+
+
+def samples_table(samples: dict) -> str:
+    """AR beside each decoder on the same prompts: a column per decoder, a row per prompt."""
+    labels = list(samples["images"])
+    head = "".join(f"<th>{esc(lb)}</th>" for lb in labels)
+    body = []
+    for i, prompt in enumerate(samples["prompts"]):
+        cells = "".join(f"<td>{img_tag(array_png(samples['images'][lb][i], 2), lb)}</td>" for lb in labels)
+        body.append(f'<tr><td class="l" style="max-width:220px">{esc(prompt)}</td>{cells}</tr>')
+    return f'<table><tr><th class="l">prompt</th>{head}</tr>{"".join(body)}</table>'
+
+
 BENCH_COLS = [("decoder", "decoder"), ("batch_size", "batch"), ("n", "n"),
               ("forwards_per_image", "forwards / image"), ("tokens_per_forward", "tokens / forward"),
               ("seconds_per_image", "s / image"), ("images_per_s", "images / s"),
               ("latency_p50_s", "latency p50 (s)"), ("latency_p90_s", "latency p90 (s)"),
               ("speedup_vs_ar", "speedup vs ar"), ("usd_per_1k_images", "$ / 1k images"),
+              ("nll_gap", "NLL gap to ar"), ("nll_gap_ci", "95% interval"), ("indistinguishable", "= ar?"),
+              ("fd_to_ar", "FD to ar"),
               ("scene_accuracy", "scene acc."), ("object_accuracy", "object acc."), ("fd", "FD")]
 
 
-def bench_html(res: dict) -> str:
-    """The bench result (flows.bench.bench's dict) as one standalone HTML page."""
+def bench_html(res: dict, samples: dict | None = None) -> str:
+    """The bench result (flows.bench.bench's dict) as one standalone HTML page; `samples` (the bench's
+    side-by-side images) add a grid of ar beside each decoder on the same prompts."""
     rows = res["rows"]
     p = res.get("price") or {}
     meta = (f"model {esc(res.get('model'))} &middot; device {esc(res.get('device'))} &middot; "
@@ -212,7 +258,12 @@ def bench_html(res: dict) -> str:
                     "object accuracy or FD.</p>")
     body += ['<div class="grid"><div><h2>Speed vs quality</h2>',
              img_tag(pareto_plot(rows), "Pareto plot: speedup vs scene accuracy"),
-             "</div><div><h2>Throughput</h2>", img_tag(throughput_plot(rows), "images/s vs batch size"), "</div></div>"]
+             "</div><div><h2>Throughput</h2>", img_tag(throughput_plot(rows), "images/s vs batch size"), "</div>"]
+    if any(r.get("nll_gap") is not None for r in rows):
+        body += ["<div><h2>Speed vs fidelity</h2>", img_tag(frontier_plot(rows), "images/s vs NLL gap"), "</div>"]
+    body.append("</div>")
+    if samples:
+        body += ["<h2>Same prompts, ar beside each decoder</h2>", samples_table(samples)]
     return page(f"ssdgen bench: {res.get('model', '')}", "\n".join(body), meta)
 
 

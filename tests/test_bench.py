@@ -198,3 +198,24 @@ def test_projection_cli_and_bad_arguments(tmp_path):
                       (["--batch-sizes", "0"], ">= 1")):
         r = cli("projection", "--bench-json", "docs/results/bench_batch1.json", *args)
         assert r.returncode == 2 and msg in r.stderr, r.stderr
+
+
+def test_bench_fidelity_columns_and_frontier_page(tmp_path):
+    """--fidelity-n adds the NLL gap (with its interval and verdict) to every row of a decoder, and the
+    page plots images/s against it."""
+    from decoders.sampling import SamplingConfig
+    from flows.bench import FIDELITY_COLS, bench
+    from flows.plots import bench_html
+    from reference.tiny import tiny_model
+    m = tiny_model(tmp_path / "tiny")
+    res = bench(m, ["ar", "csd:window=4:lam=6"], 2, [1, 2], 0, SamplingConfig(cfg_scale=3.0), log=lambda *_: None,
+                fidelity_n=64)
+    for r in res["rows"]:
+        assert set(FIDELITY_COLS) <= set(r) and r["fidelity_n"] == 64
+        lo, hi = r["nll_gap_ci"]
+        assert lo <= r["nll_gap"] <= hi
+    ar, csd = res["rows"][0], res["rows"][1]
+    assert ar["indistinguishable"] and not csd["indistinguishable"] and csd["nll_gap"] > 0
+    page = bench_html(res, res.pop("samples"))
+    assert "Speed vs fidelity" in page and "NLL gap to ar" in page
+    json.dumps(res)

@@ -20,10 +20,10 @@ from .stats import DecodeResult
 from .verify import Relaxation
 
 CSD_DEFAULTS = {"lam": 2.0, "delta": 0.9}  # tuned for forwards on 32 eval prompts, see README (Benchmarks)
-# ssd+csd is the adaptive decoder: block sizes follow content and the batch's compute headroom. The token
-# budget (drafted tokens per forward, batch-wide) is where this CPU's forward cost stops being flat; see
-# README (Benchmarks, throughput by batch size). Pass token_budget=0 to speculate at any batch size.
-SSD_CSD_DEFAULTS = {"adaptive": True, "max_rows": 4, "token_budget": 128}
+# ssd+csd is the adaptive decoder: block sizes follow content, and their cap follows the device: the rows
+# that maximise expected committed tokens per second on the forward-cost curve the model's device shows at
+# this batch size (decoders/cost_curve.py), with plain AR when that is faster (reported in the stats).
+SSD_CSD_DEFAULTS = {"adaptive": True, "max_rows": 4, "calibrated": True}
 DECODER_NAMES = ("ar", "sjd", "csd", "ssd", "ssd+csd")
 _RELAX = {f.name for f in fields(Relaxation)}
 

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from .ar import decode_ar
+from .cost_curve import best_rows, cost_curve_for
 from .protocol import ImageTokenModel, check_request
 from .sampling import SamplingConfig, make_generators, processed_probs, sample_from, uniforms
 from .sjd import SJDConfig, decode_sjd
@@ -51,6 +52,7 @@ class SSDConfig:
     adaptive: bool = False  # adapt rows per sample and block (AdaptivePolicy); `rows` is then the start
     max_rows: int = 4
     token_budget: int = 0  # drafted tokens per forward the batch may use (0 = unlimited); see AdaptivePolicy
+    calibrated: bool = False  # cap rows from the device's measured cost curve (decoders/cost_curve.py)
 
     def __post_init__(self):
         if not isinstance(self.rows, int) or not 1 <= self.rows <= 4:
@@ -63,6 +65,11 @@ class SSDConfig:
             raise ValueError(f"rounds must be an integer in [0, 8], got {self.rounds}")
         if self.lossless and self.relax.active:
             raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0)")
+        if self.calibrated and self.token_budget:
+            raise ValueError("calibrated and token_budget both cap the rows: set one (token_budget=0 with "
+                             "calibrated=true, or calibrated=false with a budget)")
+        if self.lossless and self.calibrated:
+            raise ValueError("lossless SSD slides a fixed window of `rows` rows: calibrated is not supported")
         if self.lossless and self.adaptive:
             raise ValueError("lossless SSD slides a fixed window of `rows` rows: adaptive is not supported")
 
@@ -74,18 +81,22 @@ def budget_rows(cfg: SSDConfig, batch: int, W: int) -> int:
 
 class AdaptivePolicy:
     """Rows drafted per block, per sample, bounded to [1, cap]:
+      - calibrated: cap = the rows that maximise expected committed tokens per second on this device at this
+        batch size (cost_curve.best_rows); with 0, `decode_ssd` decodes the batch as plain AR;
       - content: after a block whose drafts were mostly kept (>= 75% of the block exact or accepted before
         the last round) and whose target entropy was low (mean normalised entropy < 0.5: smooth content),
         draft one more row; after a block with < 40% kept, or high entropy, one fewer;
-      - compute headroom: cap = min(max_rows, token_budget // (batch * W)) when a budget is set, so a big
+      - otherwise, compute headroom: cap = min(max_rows, token_budget // (batch * W)) when a budget is set, so a big
         batch, which already fills the device, speculates less; when not even one row per sample fits
         (cap 0), `decode_ssd` decodes the batch as plain AR, which is what a full device does best.
     The rows chosen are recorded per block in the statistics (block_sizes)."""
 
-    def __init__(self, cfg: SSDConfig, batch: int, W: int):
-        cap = cfg.max_rows if cfg.adaptive else cfg.rows
-        if cfg.token_budget:
-            cap = max(1, min(cap, budget_rows(cfg, batch, W)))
+    def __init__(self, cfg: SSDConfig, batch: int, W: int, cap: int | None = None):
+        """cap: rows chosen from the device's cost curve (calibrated), overriding the budget's cap."""
+        if cap is None:
+            cap = cfg.max_rows if cfg.adaptive else cfg.rows
+            if cfg.token_budget:
+                cap = max(1, min(cap, budget_rows(cfg, batch, W)))
         self.cap, self.adaptive = cap, cfg.adaptive
         self.rows = torch.full((batch,), min(cfg.rows, cap), dtype=torch.long)
 
@@ -195,15 +206,16 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
     if cfg.lossless:
         return _decode_lossless(model, prompts, seeds, sc, heads, cfg)
-    if budget_rows(cfg, len(prompts), model.grid[1]) == 0:
+    cap, plan = _plan_rows(model, prompts, sc, cfg)
+    if cap == 0:
         res = decode_ar(model, prompts, seeds, sc)  # no headroom: speculation would only add work
         for st in res.stats:
-            st.extra = {"block_sizes": [], "rounds_per_block": [], "policy": "ar: batch fills the token budget"}
+            st.extra = {"block_sizes": [], "rounds_per_block": []} | plan
         return res
     t0 = time.perf_counter()
     gens = make_generators(seeds)
     B, (H, W) = len(prompts), model.grid
-    policy = AdaptivePolicy(cfg, B, W)
+    policy = AdaptivePolicy(cfg, B, W, cap if cfg.calibrated else None)
     N, V, Lmax = H * W, model.n_codes, policy.cap * W
     ar = torch.arange(B)
     drafter = _Drafter(model, heads, sc, cfg.two_d)
@@ -309,6 +321,7 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
         n = torch.where(active, new_n.clamp(max=N), n)
 
     elapsed = time.perf_counter() - t0
+    _note_forwards_per_block(model, rounds_used)
     commit_np = commit[:, :N].numpy()
     stats = []
     for b in range(B):
@@ -320,8 +333,32 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
             relaxed=int(n_relaxed[b]), seconds=elapsed / B,
             extra={"block_sizes": blocks[b], "rounds_per_block": rounds_used[b], "rows": cfg.rows,
                    "rounds": cfg.rounds, "lossless": False, "two_d": cfg.two_d, "adaptive": cfg.adaptive,
-                   "lam": cfg.relax.lam, "delta": cfg.relax.delta}))
+                   "lam": cfg.relax.lam, "delta": cfg.relax.delta} | plan))
     return DecodeResult(buf[:, :N].clone(), stats)
+
+
+def _plan_rows(model, prompts, sc: SamplingConfig, cfg: SSDConfig) -> tuple[int, dict]:
+    """(the batch's cap on rows per block, 0 = plain AR; and what decided it, for the statistics)."""
+    W = model.grid[1]
+    if not cfg.calibrated:
+        cap = budget_rows(cfg, len(prompts), W)
+        return cap, {"policy": "ar: batch fills the token budget" if cap == 0 else "token budget" if
+                     cfg.token_budget else "fixed"}
+    curve = cost_curve_for(model, prompts, sc.uses_cfg, cfg.max_rows * W)
+    fpb = model.__dict__.get("_ssd_forwards_per_block", cfg.rounds + 1.0)  # no history yet: the worst case
+    cap, rates = best_rows(curve, W, cfg.max_rows, fpb)
+    policy = "ar: plain AR is faster on this device at this batch size" if cap == 0 else "cost curve"
+    return cap, {"policy": policy, "rows_cap": cap, "forwards_per_block_estimate": fpb,
+                 "expected_tokens_per_s": rates, "cost_curve": curve.to_dict()}
+
+
+def _note_forwards_per_block(model, rounds_used: list[list[int]]) -> None:
+    """The running mean of forwards per block that the next batch's plan uses (kept on the model object)."""
+    blocks = [r for per in rounds_used for r in per]
+    if blocks:
+        old = model.__dict__.get("_ssd_forwards_per_block")
+        new = float(np.mean(blocks))
+        model.__dict__["_ssd_forwards_per_block"] = new if old is None else 0.7 * old + 0.3 * new
 
 
 def _hist(blocks: list[int], rounds: list[int]) -> list[int]:

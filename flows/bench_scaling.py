@@ -20,7 +20,7 @@ import numpy as np
 SIDES = (8, 16, 32)
 DECODERS = (("ar", {}), ("sjd", {"window": 16}), ("ssd", {"rows": 2, "rounds": 2}),
             ("sjd", {"window": 33, "coupled": True}), ("ssd", {"rows": 2, "lossless": True}),
-            ("ssd+csd", {"rows": 2, "rounds": 2, "adaptive": True, "max_rows": 4, "token_budget": 0}))  # no AR fallback
+            ("ssd+csd", {"rows": 2, "rounds": 2, "adaptive": True, "max_rows": 4, "calibrated": False}))  # no AR fallback
 PROMPTS = ["a large red circle at the center on a flat gray background",
            "a small blue square at the top left on a wavy beige background",
            "a large shaded green triangle at the bottom right on a cloudy slate background",

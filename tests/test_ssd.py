@@ -10,20 +10,12 @@ from decoders.stats import COMMIT_BONUS
 from decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
 from decoders.ssd_train import DistillConfig, train_heads
 from test_decoders import GREEDY, POSITIONS, PROMPTS, SAMPLED, _same_distribution
-from tiny import tiny_model
+from tiny import tiny_model, tiny_with_heads
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    m = tiny_model(tmp_path_factory.mktemp("tiny"), scale=0.2)
-    torch.manual_seed(1)
-    heads = SpatialHeads(HeadsConfig(dim=m.hidden_dim, emb_dim=m.hidden_dim, n_codes=m.n_codes, grid=m.grid,
-                                     model=model_fingerprint(m)))
-    with torch.no_grad():  # non-identity heads, so drafts differ from the model's own predictions
-        for p in heads.parameters():
-            p.normal_(0, 0.1)
-    heads.save(m.default_heads)
-    return m
+    return tiny_with_heads(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.mark.parametrize("params", [
@@ -77,7 +69,7 @@ def test_lossy_ssd_stats(tiny):
 
 def test_token_budget_shrinks_blocks_and_falls_back_to_ar_when_the_batch_fills_it(tiny):
     W = tiny.grid[1]
-    params = {"rows": 2, "max_rows": 3, "rounds": 1, "adaptive": True, "token_budget": 4 * W}
+    params = {"rows": 2, "max_rows": 3, "rounds": 1, "adaptive": True, "token_budget": 4 * W, "calibrated": False}
     one = decode("ssd+csd", tiny, PROMPTS[:1], [0], SAMPLED, params)  # 4 rows fit, capped at max_rows
     assert W < max(one.stats[0].extra["block_sizes"]) <= 3 * W  # block sizes are in tokens
     four = decode("ssd+csd", tiny, PROMPTS[:4], [0, 1, 2, 3], SAMPLED, params)  # one row each

@@ -66,6 +66,10 @@ TOPK = typer.Option(0, "--top-k", help="keep the k most likely tokens (0 = off)"
 TOPP = typer.Option(1.0, "--top-p", help="nucleus sampling mass (1 = off)")
 MODEL = typer.Option(None, help="model: reference (default), reference:/bundle, janus:/ckpt, emu3:/ckpt, "
                                  "chameleon:/ckpt")
+AUDIT = typer.Option(0.0, "--audit", metavar="FRACTION",
+                     help="also decode this fraction of the prompts (chosen by prompt_id) with ar and report the "
+                          "NLL gap to it in summary.json; 0 = no audit")
+AUDIT_TOL = typer.Option(0.15, "--audit-tolerance", help="allowed |NLL gap| of the audit, nats/token (95% interval)")
 
 
 @app.command()
@@ -95,6 +99,9 @@ def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for sever
     Image.fromarray(np.concatenate(rows, axis=0)).save(out)
     fwd = np.mean([s.forwards for s in res.stats])
     typer.echo(f"wrote {out} ({len(prompts)} images, {decoder}, {fwd:.1f} forwards per image)")
+    policy = res.stats[0].extra.get("policy", "")
+    if policy.startswith("ar:"):  # a fall-back is reported, never silent
+        typer.echo(f"note: {decoder} decoded this batch as plain AR ({policy.removeprefix('ar: ')})")
 
 
 def _ssd_params(rows, max_rows, rounds, lossless) -> dict:
@@ -124,6 +131,7 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
              max_rows: Optional[int] = typer.Option(None, help="ssd+csd: most rows the adaptive policy drafts"),
              rounds: Optional[int] = typer.Option(None, help="ssd: auto-correction rounds r"),
              lossless: Optional[bool] = typer.Option(None, help="ssd: commit only the verified raster prefix"),
+             audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
              progress: bool = typer.Option(True, help="show a progress bar")):
     """Generate images for Parquet prompts with a Prefect flow on Ray actors; resumable (run it again)."""
     from flows.inputs import list_inputs
@@ -132,13 +140,14 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
     # the flow validates again (deployments call it directly); here it fails fast, before Prefect starts
     GenerateConfig(prompts=tuple(prompts), out=out, model=model or "reference", decoder=decoder, params=params,
                    shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
-                   gpus_per_actor=gpus_per_actor, device_type=device_type).validate()
+                   gpus_per_actor=gpus_per_actor, device_type=device_type, audit=audit,
+                   audit_tolerance=audit_tolerance).validate()
     list_inputs(list(prompts))
     summary = flow(prompts=prompts, out=out, model=model or "reference", decoder=decoder, params=params,
                    cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, shard_size=shard_size,
                    batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor,
-                   device_type=device_type, ray_address=ray_address, cluster_limit=cluster_limit,
-                   progress=progress)
+                   device_type=device_type, ray_address=ray_address, cluster_limit=cluster_limit, audit=audit,
+                   audit_tolerance=audit_tolerance, progress=progress)
     _print_summary(summary)
 
 
@@ -146,8 +155,11 @@ def _print_summary(s: dict) -> None:
     from flows.cost import cost_table
     typer.echo(f"shards {s['shards_committed']}/{s['shards_total']} committed ({s['shards_run_now']} this run); "
                f"images ok {s['images_ok']}, failed {s['images_failed']}")
-    for r in cost_table(s):
+    from flows.audit import audit_rows, warning
+    for r in cost_table(s) + audit_rows(s.get("audit")):
         typer.echo(f"  {r['metric']:<34} {r['value']}")
+    if (w := warning(s.get("audit"))) is not None:
+        typer.echo(f"WARNING: {w}", err=True)
     typer.echo(f"manifest: {s['manifest']}\nsummary:  {s['summary']}")
 
 
@@ -158,15 +170,18 @@ def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or g
           cron: str = typer.Option("0 2 * * *", help="schedule (cron, UTC)"), name: str = "nightly",
           decoder: str = "ar", model: Optional[str] = MODEL, shard_size: int = 256, batch_size: int = 16,
           actors: int = 2, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
-          cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit (see generate)")):
+          cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit (see generate)"),
+          audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL):
     """Serve the generation flow as a Prefect deployment on a cron schedule (runs until stopped)."""
+    from flows.audit import check_audit
     from flows.pipeline import generate as flow
     _check_decoder(decoder, {})
+    check_audit(audit, audit_tolerance)
     flow.serve(name=name, cron=cron, parameters={
         "prompts": prompts, "out": out, "model": model or "reference", "decoder": decoder, "shard_size": shard_size,
         "batch_size": batch_size, "actors": actors, "cpus_per_actor": cpus_per_actor,
         "gpus_per_actor": gpus_per_actor, "device_type": device_type, "cluster_limit": cluster_limit,
-        "progress": False})
+        "audit": audit, "audit_tolerance": audit_tolerance, "progress": False})
 
 
 @app.command()
@@ -184,6 +199,11 @@ def status(url: str = typer.Argument(..., help="a run's output URL")):
         typer.echo(f"  cost so far: ${c['usd_on_demand']:.4f} on demand"
                    + (f", ${c['usd_spot']:.4f} spot" if c.get("usd_spot") is not None else "")
                    + f" ({c['device_seconds_allocated']:.1f} device-seconds on {c['price']['device_type']})")
+    from flows.audit import audit_rows, warning
+    for r in audit_rows(st["audit"]):
+        typer.echo(f"  {r['metric']:<34} {r['value']}")
+    if (w := warning(st["audit"])) is not None:
+        typer.echo(f"WARNING: {w}", err=True)
 
 
 @app.command()

@@ -3,6 +3,7 @@
     {out}/_config.json                                   run settings (no secrets); resume must match them
     {out}/shards/{shard:06d}/attempt-{uuid}/images.parquet   one row per prompt: png bytes, token grid, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/stats.parquet    one row per prompt: status, error, forwards, ...
+    {out}/shards/{shard:06d}/attempt-{uuid}/audit.parquet    with --audit: one row per audited prompt (flows.audit)
     {out}/shards/{shard:06d}/_SUCCESS.json               commit marker, written last, create-only
     {out}/manifest.parquet                               one row per committed shard (file URLs, rows, sha256)
     {out}/summary.json                                   run totals and cost
@@ -153,11 +154,13 @@ class Output:
                          "failed": m["failed"],
                          "images_url": self.full_url(self.path(files["images"]["path"])),
                          "stats_url": self.full_url(self.path(files["stats"]["path"])),
-                         "images_sha256": files["images"]["sha256"], "stats_sha256": files["stats"]["sha256"]})
+                         "images_sha256": files["images"]["sha256"], "stats_sha256": files["stats"]["sha256"],
+                         # null for a run without --audit
+                         "audit_url": self.full_url(self.path(files["audit"]["path"])) if "audit" in files else None})
         table = pa.Table.from_pylist(rows, schema=pa.schema([
             ("shard", pa.int64()), ("attempt", pa.string()), ("rows", pa.int64()), ("ok", pa.int64()),
             ("failed", pa.int64()), ("images_url", pa.string()), ("stats_url", pa.string()),
-            ("images_sha256", pa.string()), ("stats_sha256", pa.string())]))
+            ("images_sha256", pa.string()), ("stats_sha256", pa.string()), ("audit_url", pa.string())]))
         self.write_table(self.path(MANIFEST), table)
         return self.full_url(self.path(MANIFEST))
 

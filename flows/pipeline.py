@@ -3,7 +3,7 @@ Parquet shards, on a pool of Ray actors, driven by Prefect.
 
     plan (metadata only) -> skip committed shards -> per shard, a Prefect task with retries:
         read its rows -> decode batches on an actor -> write images/stats under an attempt key -> commit marker
-    -> gc unmarked attempts -> manifest + summary (cost) -> Prefect artifacts
+    -> gc unmarked attempts -> manifest + summary (cost, audit) -> Prefect artifacts
 
 Why Ray Core actors and not Ray Data: exactly-once output needs a unit of commit we control. A shard is read,
 decoded, written under an attempt-unique key and committed by a create-only marker; Ray Data's writers name
@@ -16,6 +16,9 @@ Retries: the shard task retries with exponential backoff and jitter only on tran
 dead actors); configuration, schema and input errors fail at once. Per-sample failures are error rows.
 Settings that change the images (model, decoder, sampling, seed, batch size, input files, shard size) are
 recorded in `_config.json`; a resume with other settings is refused.
+
+`--audit FRACTION` (flows/audit.py) also scores a deterministic sample of the prompts against an `ar` sample
+under the target; its rows are committed with their shard, and its cost is a line of its own.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 from tqdm import tqdm
 
+from .audit import AUDIT_FILE, DEFAULT_TOLERANCE, audit_rows, audit_table, check_audit, decoder_label, mark_rows
+from .audit import shard_audit, summarize as audit_summary, warning as audit_warning
 from .cost import Price, cost_table, price_for, run_summary
 from .inputs import InputError, InputFile, check_unique_prompt_ids, list_inputs
 from .layout import Output, shard_tables
@@ -89,6 +94,8 @@ class GenerateConfig:
     device_type: str = "cpu"
     ray_address: str | None = None
     cluster_limit: str | None = None  # a Prefect global concurrency limit; the run holds `cluster_slots` of it
+    audit: float = 0.0  # fraction of prompts also decoded with `ar` to measure the NLL gap (0 = no audit)
+    audit_tolerance: float = DEFAULT_TOLERANCE
 
     def validate(self) -> Price:
         from decoders import decoder_config
@@ -102,6 +109,7 @@ class GenerateConfig:
             raise ValueError("--cpus-per-actor must be > 0 and --gpus-per-actor >= 0")
         check_model_spec(self.model)
         decoder_config(self.decoder, self.params)
+        check_audit(self.audit, self.audit_tolerance)
         price = price_for(self.device_type)
         if price.unit == "gpu" and self.gpus_per_actor <= 0:
             raise ValueError(f"--device-type {self.device_type} is priced per GPU, but actors get no GPU "
@@ -134,8 +142,14 @@ class GenerateConfig:
         """What `_config.json` holds: everything that decides which images come out. No credentials."""
         keys = ("model", "decoder", "params", "cfg_scale", "temperature", "top_k", "top_p", "seed", "shard_size",
                 "batch_size")
-        return {k: getattr(self, k) for k in keys} | {
+        # audit keys only when auditing: a run from before the audit existed still resumes without one
+        audit = {"audit": self.audit, "audit_tolerance": self.audit_tolerance} if self.audit > 0 else {}
+        return {k: getattr(self, k) for k in keys} | audit | {
             "inputs": [{"url": f.url, "rows": f.num_rows, "bytes": f.size} for f in files]}
+
+    @property
+    def audit_label(self) -> str:
+        return decoder_label(self.decoder, self.params)
 
 
 class ActorPool:
@@ -199,17 +213,40 @@ def _await_restart(actor) -> None:
             time.sleep(1.0)
 
 
+def _decode_batches(actor, batches: list[list[dict]], shard_id: int, ctx: RunContext) -> list[dict]:
+    """Every batch's result from one actor. Ray restarts a dead actor (max_restarts=-1); only the batches it
+    held are resubmitted, to its restarted incarnation."""
+    import ray
+    import ray.exceptions as rx
+    results: list[dict | None] = [None] * len(batches)
+    deaths = 0
+    while any(r is None for r in results):
+        todo = [i for i, r in enumerate(results) if r is None]
+        refs = {i: actor.decode.remote(batches[i], {"shard": shard_id, "batch": i}) for i in todo}
+        try:
+            for i in todo:
+                results[i] = ray.get(refs[i])
+                ctx.advance(len(batches[i]))
+        except (rx.RayActorError, rx.ActorUnavailableError) as e:
+            deaths += 1
+            if deaths > MAX_ACTOR_DEATHS_PER_TRY:
+                raise
+            get_run_logger().warning(f"shard {shard_id}: actor died ({type(e).__name__}); waiting for its "
+                                     f"restart to resubmit {sum(r is None for r in results)} batch(es)")
+            _await_restart(actor)
+    return results
+
+
 @task(name="shard", task_run_name="shard-{shard_id}", retries=4, retry_delay_seconds=exponential_backoff(0.5),
       retry_jitter_factor=0.5, retry_condition_fn=retry_transient, cache_policy=NO_CACHE)
 def run_shard(shard_id: int, shard: Shard, ctx: RunContext) -> dict:
     import ray
-    import ray.exceptions as rx
     out, cfg = ctx.out, ctx.cfg
     if out.fs.exists(f"{out.shard_dir(shard_id)}/_SUCCESS.json"):
         return {"shard": shard_id, "skipped": True}  # committed by an earlier try that lost its reply
     rows = [asdict(r) for r in read_shard(ctx.files, shard, cfg.seed)]  # read while waiting for an actor
+    mark_rows(rows, cfg.audit)  # by prompt_id alone, so every try of this shard audits the same prompts
     batches = [rows[i:i + cfg.batch_size] for i in range(0, len(rows), cfg.batch_size)]
-    results: list[dict | None] = [None] * len(batches)
     actor = ctx.pool.acquire()  # tasks start at once and queue here for an idle actor
     t0 = time.perf_counter()  # the shard holds the actor's devices from here: its allocated time starts now
     started = datetime.now(timezone.utc).isoformat()
@@ -217,21 +254,7 @@ def run_shard(shard_id: int, shard: Shard, ctx: RunContext) -> dict:
         crash_after = ctx.faults.get("crash_after_commits")
         if crash_after is not None and ctx.commits >= crash_after:
             raise FlowCrash(f"injected flow crash after {ctx.commits} commits")
-        deaths = 0
-        while any(r is None for r in results):
-            todo = [i for i, r in enumerate(results) if r is None]
-            refs = {i: actor.decode.remote(batches[i], {"shard": shard_id, "batch": i}) for i in todo}
-            try:
-                for i in todo:
-                    results[i] = ray.get(refs[i])
-                    ctx.advance(len(batches[i]))
-            except (rx.RayActorError, rx.ActorUnavailableError) as e:
-                deaths += 1  # Ray restarts the actor (max_restarts=-1); resubmit only what it held
-                if deaths > MAX_ACTOR_DEATHS_PER_TRY:
-                    raise
-                get_run_logger().warning(f"shard {shard_id}: actor died ({type(e).__name__}); waiting for its "
-                                         f"restart to resubmit {sum(r is None for r in results)} batch(es)")
-                _await_restart(actor)
+        results = _decode_batches(actor, batches, shard_id, ctx)
         load_s = ray.get(actor.take_load_seconds.remote())
         info = ray.get(actor.info.remote())
     finally:
@@ -241,19 +264,23 @@ def run_shard(shard_id: int, shard: Shard, ctx: RunContext) -> dict:
     for s in samples:
         s["device_seconds"] = s["latency_s"] * cfg.devices_per_actor
     images, stats = shard_tables(samples, rows, cfg.decoder, cfg.model)
+    dev = cfg.devices_per_actor
+    audited, audit = shard_audit(results, dev)
     attempt = out.new_attempt(shard_id)
     ctx.maybe_fail_write()
     files = [out.write_table(f"{attempt}/images.parquet", images), out.write_table(f"{attempt}/stats.parquet", stats)]
-    wall = time.perf_counter() - t0
+    if cfg.audit > 0:  # written even when empty: the marker then says this shard was audited
+        files.append(out.write_table(f"{attempt}/{AUDIT_FILE}", audit_table(audited, cfg.audit_label)))
+    # the actor's audit seconds leave the shard's time: the images are costed without it, the audit on its own
+    wall = max(0.0, time.perf_counter() - t0 - audit["seconds"])
     errors = Counter(s["error"] for s in samples if s["status"] != "ok")
-    dev = cfg.devices_per_actor
     marker = {"shard": shard_id, "attempt": attempt.rsplit("/", 1)[-1], "files": files, "rows": len(samples),
               "ok": len(samples) - sum(errors.values()), "failed": sum(errors.values()),
               "errors": dict(errors.most_common(10)), "wall_s": wall, "busy_s": busy, "load_s": load_s,
               "devices": dev, "device_type": cfg.device_type, "device_seconds_allocated": (wall + load_s) * dev,
               "device_seconds_busy": busy * dev, "started_at": started,
               "finished_at": datetime.now(timezone.utc).isoformat(), "actor_pid": info["pid"],
-              "node_id": info.get("node_id"), "device": info["device"]}
+              "node_id": info.get("node_id"), "device": info["device"]} | ({"audit": audit} if cfg.audit > 0 else {})
     ctx.maybe_fail_write()
     if not out.commit(shard_id, marker):
         return {"shard": shard_id, "skipped": True}  # another attempt won the commit; ours is garbage
@@ -314,12 +341,14 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
              params: dict | None = None, cfg_scale: float = 3.0, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, shard_size: int = 256, batch_size: int = 16, actors: int = 2,
              cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
-             ray_address: str | None = None, cluster_limit: str | None = None, progress: bool = True,
-             faults: dict | None = None) -> dict:
+             ray_address: str | None = None, cluster_limit: str | None = None, audit: float = 0.0,
+             audit_tolerance: float = DEFAULT_TOLERANCE, progress: bool = True, faults: dict | None = None) -> dict:
     """Generate an image for every prompt row; resumable. `out` may hold `{date}`, filled with the run's
     scheduled date (YYYY-MM-DD), so a scheduled deployment renders into one folder per day. `cluster_limit`
     names a Prefect global concurrency limit (`prefect gcl create NAME --limit N`) that the run holds one slot
-    of per GPU (per actor on CPUs) while its actors exist. `faults` is for tests (injected crashes)."""
+    of per GPU (per actor on CPUs) while its actors exist. `audit` is the fraction of prompts whose NLL gap to
+    `ar` is measured (flows/audit.py), `audit_tolerance` the allowed gap. `faults` is for tests (injected
+    crashes)."""
     if "{date}" in out:
         from prefect.runtime import flow_run
         when = flow_run.scheduled_start_time or datetime.now(timezone.utc)
@@ -328,8 +357,52 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
                          cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                          shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
                          gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address,
-                         cluster_limit=cluster_limit)
+                         cluster_limit=cluster_limit, audit=audit, audit_tolerance=audit_tolerance)
     return execute(cfg, progress=progress, faults=faults or {})
+
+
+def _run_pending(cfg: GenerateConfig, files: list[InputFile], out: Output, pending: list[Shard], progress: bool,
+                 faults: dict, t0: float) -> tuple[dict[int, str], float]:
+    """Run the pending shards on a pool of actors -> (failed shard -> error, startup seconds)."""
+    log = get_run_logger()
+    failed: dict[int, str] = {}
+    startup_s = 0.0
+    with _cluster_slots(cfg):
+        started_ray = _start_ray(cfg)
+        pool = None
+        try:
+            pool = ActorPool(_actors(cfg, faults))
+            startup_s = time.perf_counter() - t0
+            log.info(f"{cfg.actors} actor(s) ready {startup_s:.1f} s after the flow started")
+            bar = tqdm(total=sum(s.rows for s in pending), unit="img", desc="generate", disable=not progress,
+                       smoothing=0.1)
+            ctx = RunContext(cfg, files, out, pool, bar, faults)
+            futures = [run_shard.submit(s.id, s, ctx) for s in pending]
+            for s, fut in zip(pending, futures):
+                try:
+                    fut.result()
+                except FlowCrash:
+                    raise
+                except Exception as e:  # noqa: BLE001 - collect, report, and fail the run after the summary
+                    failed[s.id] = f"{type(e).__name__}: {e}"
+            bar.close()
+        finally:
+            _stop(pool, started_ray)
+    return failed, startup_s
+
+
+def _audit(cfg: GenerateConfig, out: Output, committed: dict, price: Price) -> dict | None:
+    """The audit of every committed shard (this run's and earlier ones'), read back from storage; logged."""
+    if cfg.audit <= 0:
+        return None
+    a = audit_summary(out, committed, cfg.audit, cfg.audit_tolerance, price)
+    log = get_run_logger()
+    if (w := audit_warning(a)) is not None:
+        log.warning(w)
+    elif a["n"]:
+        log.info(f"audit: NLL gap {a['nll_gap']:+.4f} nats/token, 95% CI [{a['nll_gap_ci'][0]:+.4f}, "
+                 f"{a['nll_gap_ci'][1]:+.4f}] over {a['n']} prompts: within +-{a['tolerance']}")
+    return a
 
 
 def execute(cfg: GenerateConfig, progress: bool = True, faults: dict | None = None) -> dict:
@@ -346,30 +419,7 @@ def execute(cfg: GenerateConfig, progress: bool = True, faults: dict | None = No
     pending = [s for s in shards if s.id not in done]
     log.info(f"{sum(f.num_rows for f in files)} prompts in {len(files)} file(s): {len(shards)} shards, "
              f"{len(done)} already committed, {len(pending)} to run")
-    failed: dict[int, str] = {}
-    startup_s = 0.0
-    if pending:
-        with _cluster_slots(cfg):
-            started_ray = _start_ray(cfg)
-            pool = None
-            try:
-                pool = ActorPool(_actors(cfg, faults))
-                startup_s = time.perf_counter() - t0
-                log.info(f"{cfg.actors} actor(s) ready {startup_s:.1f} s after the flow started")
-                bar = tqdm(total=sum(s.rows for s in pending), unit="img", desc="generate", disable=not progress,
-                           smoothing=0.1)
-                ctx = RunContext(cfg, files, out, pool, bar, faults)
-                futures = [run_shard.submit(s.id, s, ctx) for s in pending]
-                for s, fut in zip(pending, futures):
-                    try:
-                        fut.result()
-                    except FlowCrash:
-                        raise
-                    except Exception as e:  # noqa: BLE001 - collect, report, and fail the run after the summary
-                        failed[s.id] = f"{type(e).__name__}: {e}"
-                bar.close()
-            finally:
-                _stop(pool, started_ray)
+    failed, startup_s = _run_pending(cfg, files, out, pending, progress, faults, t0) if pending else ({}, 0.0)
     committed = out.committed()
     removed = out.gc(committed)
     wall = time.perf_counter() - t0
@@ -386,6 +436,7 @@ def execute(cfg: GenerateConfig, progress: bool = True, faults: dict | None = No
                 "shards_run_now": len(pending) - len(failed), "shards_failed": {str(k): v for k, v in failed.items()},
                 "attempts_removed": removed, "decoder": cfg.decoder, "model": cfg.model,
                 "batch_size": cfg.batch_size, "actors": cfg.actors, "device_type": cfg.device_type,
+                "audit": _audit(cfg, out, committed, price),
                 "manifest": out.write_manifest(committed), "finished_at": datetime.now(timezone.utc).isoformat()}
     summary["summary"] = out.write_summary(summary)
     _artifacts(summary, committed)
@@ -397,7 +448,7 @@ def execute(cfg: GenerateConfig, progress: bool = True, faults: dict | None = No
 
 
 def _artifacts(summary: dict, committed: dict) -> None:
-    create_table_artifact(table=cost_table(summary), key="ssdgen-cost",
+    create_table_artifact(table=cost_table(summary) + audit_rows(summary.get("audit")), key="ssdgen-cost",
                           description=f"Cost and throughput of {summary['out']}")
     errors = Counter()
     for m in committed.values():
@@ -408,7 +459,7 @@ def _artifacts(summary: dict, committed: dict) -> None:
 
 
 def run_status(url: str) -> dict:
-    """Shards done, pending and failed, and the cost so far, from the markers (no Prefect, no Ray)."""
+    """Shards done, pending and failed, the cost and the audit so far, from the markers (no Prefect, no Ray)."""
     import json
     out = Output(url)
     conf = out.read_config()
@@ -420,14 +471,18 @@ def run_status(url: str) -> dict:
         failed = {int(k): v for k, v in json.loads(out.fs.cat_file(out.path("summary.json")))
                   .get("shards_failed", {}).items() if int(k) not in committed}
     device_types = {m["device_type"] for m in committed.values()}
-    cost = None
+    cost = price = None
     if len(device_types) == 1:
-        cost = run_summary([committed[k] for k in sorted(committed)], price_for(device_types.pop()),
+        price = price_for(device_types.pop())
+        cost = run_summary([committed[k] for k in sorted(committed)], price,
                            wall_s=sum(m["wall_s"] for m in committed.values()))
+    audit = None
+    if conf.get("audit"):
+        audit = audit_summary(out, committed, conf["audit"], conf.get("audit_tolerance", DEFAULT_TOLERANCE), price)
     return {"out": url, "shards_total": n_shards, "shards_done": len(committed), "shards_failed": failed,
             "shards_pending": n_shards - len(committed) - len(failed),
             "images_ok": sum(m["ok"] for m in committed.values()),
-            "images_failed": sum(m["failed"] for m in committed.values()), "cost": cost}
+            "images_failed": sum(m["failed"] for m in committed.values()), "cost": cost, "audit": audit}
 
 
 __all__ = ["GenerateConfig", "generate", "execute", "run_status", "InputError"]

@@ -1,48 +1,16 @@
 """The generation pipeline end to end with real parts: moto's S3 server, a local Ray, Prefect's test server,
 and the bundled reference model. Fault injection: actor kills, storage errors, a flow crash between shards."""
 
-import io
 import json
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-
-from reference.prompts import eval_prompts
+from pipeline_helpers import committed_tables as _committed
+from pipeline_helpers import eval_rows as _prompts
+from pipeline_helpers import run_flow as _run
+from pipeline_helpers import write_parquet as _write
 
 pytestmark = pytest.mark.usefixtures("prefect_server", "local_ray")
-
-SCHEMA = pa.schema([("prompt_id", pa.string()), ("prompt", pa.string())])
-
-
-def _write(fs, path, rows, schema=SCHEMA):
-    buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), buf)
-    if fs is None:
-        with open(path, "wb") as f:
-            f.write(buf.getvalue())
-    else:
-        fs.pipe_file(path, buf.getvalue())
-
-
-def _prompts(n, start=0):
-    return [{"prompt_id": r["prompt_id"], "prompt": r["prompt"]} for r in eval_prompts(start + n)[start:]]
-
-
-def _committed(out_url):
-    """Read the committed output the way a user would: the manifest, then plain pyarrow."""
-    import fsspec
-    fs, root = fsspec.core.url_to_fs(out_url)
-    man = pq.read_table(fs.open(f"{root}/manifest.parquet", "rb")).to_pylist()
-    images = [pq.read_table(fs.open(m["images_url"], "rb")) for m in man]
-    stats = [pq.read_table(fs.open(m["stats_url"], "rb")) for m in man]
-    return pa.concat_tables(images), pa.concat_tables(stats)
-
-
-def _run(**kw):
-    from flows.pipeline import generate
-    base = dict(decoder="ar", batch_size=16, shard_size=32, actors=2, progress=False)
-    return generate(**(base | kw))
 
 
 @pytest.mark.slow

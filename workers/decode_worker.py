@@ -9,6 +9,9 @@ committed.
 Per-sample failures never fail the batch: a row that arrives with an error, a prompt the model rejects, or a
 sample whose decoding raises becomes an error row. The batch is decoded together (one decoder call) when it
 can be; only if that call raises are the samples retried one by one to isolate the culprit.
+
+Rows the flow marked for the fidelity audit (`audit_seed`, see flows/audit.py) are also scored under the
+target and decoded again with `ar`, after the batch and on their own clock, so the audit is costed apart.
 """
 
 from __future__ import annotations
@@ -102,7 +105,8 @@ class DecodeWorker:
         return res.tokens.cpu().numpy(), images, res.stats
 
     def decode(self, rows: list[dict], tag: dict | None = None) -> dict:
-        """rows: [{prompt_id, prompt, seed, error}] -> {"samples": [...], "busy_s": float}.
+        """rows: [{prompt_id, prompt, seed, error[, audit_seed]}] -> {"samples": [...], "busy_s": float,
+        "audit": [...], "audit_s": float}; busy_s leaves out the audit (see `_audit`).
 
         Each sample: prompt_id, status ("ok" | "error"), error, png, width, height, tokens, stats (a flat
         dict, see decoders.stats.SampleStats.to_row), latency_s."""
@@ -135,7 +139,32 @@ class DecodeWorker:
                 except Exception as e:  # noqa: BLE001
                     out[r["prompt_id"]] = _error(r, f"decoding failed: {type(e).__name__}: {e}")
         self._sync()
-        return {"samples": [out[r["prompt_id"]] for r in rows], "busy_s": time.perf_counter() - t0}
+        busy = time.perf_counter() - t0  # the audit below is not the images' work: it is timed on its own
+        audit, audit_s = self._audit(rows, out)
+        return {"samples": [out[r["prompt_id"]] for r in rows], "busy_s": busy, "audit": audit, "audit_s": audit_s}
+
+    def _audit(self, rows: list[dict], out: dict) -> tuple[list[dict], float]:
+        """Audit the decoded rows the flow marked with an `audit_seed` (flows.audit): the target's NLL per token
+        of the tokens just decoded, and of an `ar` sample of the same prompts from the audit seed. Returns the
+        audit rows (without the decoder label, which the flow adds) and the audit's seconds."""
+        todo = [r for r in rows if r.get("audit_seed") is not None and out[r["prompt_id"]]["status"] == "ok"]
+        if not todo:
+            return [], 0.0
+        import torch
+        from decoders import decode
+        from decoders.fidelity import target_nll
+        t0 = time.perf_counter()
+        prompts = [r["prompt"] for r in todo]
+        tokens = torch.tensor([out[r["prompt_id"]]["tokens"] for r in todo], dtype=torch.long)
+        nll = target_nll(self.model, prompts, tokens, self.sc)
+        ar = decode("ar", self.model, prompts, [int(r["audit_seed"]) for r in todo], self.sc)
+        ar_nll = target_nll(self.model, prompts, ar.tokens, self.sc)
+        self._sync()
+        per = (time.perf_counter() - t0) / len(todo)
+        return [{"prompt_id": r["prompt_id"], "seed": int(r["seed"]), "nll_per_token": float(nll[i]),
+                 "ar_seed": int(r["audit_seed"]), "ar_nll_per_token": float(ar_nll[i]),
+                 "forwards": out[r["prompt_id"]]["stats"]["forwards"], "ar_forwards": ar.stats[i].forwards,
+                 "audit_seconds": per} for i, r in enumerate(todo)], per * len(todo)
 
     def _decode_group(self, group: list[dict], out: dict) -> None:
         t0 = time.perf_counter()

@@ -70,11 +70,6 @@ def mark_rows(rows: list[dict], fraction: float) -> int:
     return n
 
 
-def decoder_label(decoder: str, params: dict) -> str:
-    """The decoder as a spec, `bench`-style: `csd` or `csd:lam=0.5:window=8`."""
-    return decoder + "".join(f":{k}={params[k]}" for k in sorted(params))
-
-
 def audit_table(rows: list[dict], label: str) -> pa.Table:
     return pa.Table.from_pylist([r | {"decoder": label} for r in rows], schema=AUDIT_SCHEMA)
 

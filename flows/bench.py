@@ -15,7 +15,8 @@ carries `forwards_per_batch` (prefill included), `rows_per_forward`, `tokens_fed
 `prefill_tokens_per_image`. On CUDA the clock reads after a device synchronize, and one untimed warm-up
 decode per decoder runs first.
 
-Decoder specs are `name` or `name:key=value:key=value`, e.g. `csd:lam=0.5:delta=0.3`.
+Decoders are `DecodeSpec`s (decoders/spec.py), e.g. `csd:lam=0.5:delta=0.3`; all share one sampling setting,
+which the `ar` reference gets too, and rows are named by `spec.label` (the decoder and its parameters).
 """
 
 from __future__ import annotations
@@ -28,35 +29,9 @@ import time
 import numpy as np
 import torch
 
-from decoders import decode, decoder_config, load_heads
+from decoders import load_heads, run
 from decoders.sampling import SamplingConfig
-
-
-def parse_decoder_spec(spec: str) -> tuple[str, dict]:
-    name, *kvs = spec.strip().split(":")
-    params = {}
-    for kv in kvs:
-        if "=" not in kv:
-            raise ValueError(f"decoder spec {spec!r}: expected key=value, got {kv!r}")
-        k, v = kv.split("=", 1)
-        params[k] = _value(v)
-    decoder_config(name, params)  # validate now, before any work
-    return name, params
-
-
-def _value(v: str):
-    if v.lower() in ("true", "false"):
-        return v.lower() == "true"
-    for cast in (int, float):
-        try:
-            return cast(v)
-        except ValueError:
-            pass
-    return v
-
-
-def _label(name: str, params: dict) -> str:
-    return name + "".join(f":{k}={v}" for k, v in params.items())
+from decoders.spec import DecodeSpec, common_sampling
 
 
 class ForwardCounter:
@@ -111,8 +86,7 @@ def _sync(model) -> None:
         torch.cuda.synchronize(dev)
 
 
-def speed_row(model, name: str, params: dict, prompts: list[str], seeds: list[int], batch_size: int,
-              sc: SamplingConfig) -> dict:
+def speed_row(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], batch_size: int) -> dict:
     forwards, committed, latencies, accepted = [], [], [], []
     batches = 0
     with ForwardCounter(model) as fc:
@@ -120,7 +94,7 @@ def speed_row(model, name: str, params: dict, prompts: list[str], seeds: list[in
         t0 = time.perf_counter()
         for i in range(0, len(prompts), batch_size):
             tb = time.perf_counter()
-            res = decode(name, model, prompts[i:i + batch_size], seeds[i:i + batch_size], sc, params)
+            res = run(spec, model, prompts[i:i + batch_size], seeds[i:i + batch_size])
             _sync(model)
             latencies += [time.perf_counter() - tb] * len(res.stats)  # a sample is done when its batch is
             forwards += [s.forwards for s in res.stats]
@@ -128,7 +102,7 @@ def speed_row(model, name: str, params: dict, prompts: list[str], seeds: list[in
             accepted += [s.acceptance_rate for s in res.stats]
             batches += 1
         secs = time.perf_counter() - t0
-    return {"decoder": _label(name, params), "params": params, "batch_size": batch_size, "n": len(prompts),
+    return {"decoder": spec.label, "params": dict(spec.params), "batch_size": batch_size, "n": len(prompts),
             "forwards_per_image": float(np.mean(forwards)), "tokens_per_forward": float(np.mean(committed)),
             # drafts accepted / drafts verified (nan for ar): the heads' and drafters' quality
             "acceptance_rate": float(np.nanmean(accepted)) if not np.all(np.isnan(accepted)) else None,
@@ -179,73 +153,57 @@ def device_label(dev) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def check_args(specs: list[str], batch_sizes: list[int]) -> None:
+def check_args(specs: list[DecodeSpec], batch_sizes: list[int]) -> SamplingConfig:
+    """Argument errors before any work; returns the one sampling setting the decoders share."""
     if not specs:
         raise ValueError("--decoders is empty: name at least one decoder, e.g. ar,sjd,csd")
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise ValueError(f"--batch-sizes must be integers >= 1, got {batch_sizes}")
+    return common_sampling(specs)
 
 
-def bench(model, specs: list[str], n: int, batch_sizes: list[int], quality_n: int, sc: SamplingConfig,
+def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], quality_n: int,
           quality_batch: int = 64, seed: int = 0, log=print, device_type: str = "cpu",
-          warmup: bool | None = None, quality_decoders: list[str] | None = None, fidelity_n: int = 0,
+          warmup: bool | None = None, quality_decoders: list[DecodeSpec] | None = None, fidelity_n: int = 0,
           tolerance: float = 0.15) -> dict:
     """`warmup` (default: on CUDA only) decodes one prompt per decoder first, untimed (CUDA/cuBLAS start-up).
     `quality_decoders`: the decoder specs to score for quality (default: all); lossless decoders sample AR's
     distribution by construction (tested exactly and statistically), so a run may spend its time elsewhere."""
-    from reference.evaluate import evaluate
     from reference.prompts import eval_prompts
-    check_args(specs, batch_sizes)
+    sc = check_args(specs, batch_sizes)
     dev, price, devices = resolve_device(str(getattr(model, "device", "cpu")), device_type)
-    decs = [parse_decoder_spec(s) for s in specs]
-    for name, params in decs:
-        if name.startswith("ssd"):  # missing heads fail now, not after the other decoders ran; loading is untimed
-            load_heads(model, params.get("heads"))
-    if "ar" not in [d[0] for d in decs]:
-        decs.insert(0, ("ar", {}))  # speedups are ratios to ar measured in this run
+    decs = list(specs)
+    for spec in decs:
+        if spec.family.startswith("ssd"):  # missing heads fail now, not after the other decoders ran
+            load_heads(model, spec.heads)
+    ar = DecodeSpec("ar", (), sc)
+    if ar not in decs:
+        decs.insert(0, ar)  # speedups are ratios to ar measured in this run
     rows_ = eval_prompts(n)
     prompts = [r["prompt"] for r in rows_]
     seeds = [seed * 1_000_003 + r["seed"] for r in rows_]
-    if warmup is None:
-        warmup = dev.type == "cuda"
-    if warmup:
-        for name, params in decs:
-            decode(name, model, prompts[:1], seeds[:1], sc, params)
+    if warmup if warmup is not None else dev.type == "cuda":
+        for spec in decs:
+            run(spec, model, prompts[:1], seeds[:1])
         _sync(model)
     rows = []
     for bs in batch_sizes:
-        ar_sec = None
-        for name, params in decs:
-            row = speed_row(model, name, params, prompts, seeds, bs, sc)
+        for spec in decs:
+            row = speed_row(model, spec, prompts, seeds, bs)
             row["device_seconds_per_image"] = row["seconds_per_image"] * devices
             row["usd_per_1k_images"] = row["device_seconds_per_image"] * price.on_demand_usd_per_hour / 3.6
             row["usd_per_1k_images_spot"] = (None if price.spot_usd_per_hour is None else
                                              row["device_seconds_per_image"] * price.spot_usd_per_hour / 3.6)
-            if name == "ar" and not params:
-                ar_sec = row["seconds_per_image"]
             rows.append(row)
             log(f"speed  {row['decoder']:<28} batch {bs:>3}: {row['forwards_per_image']:.1f} forwards/image, "
                 f"{row['seconds_per_image']:.3f} s/image, ${row['usd_per_1k_images']:.4g}/1k images")
+        ar_sec = next(r["seconds_per_image"] for r in rows if r["batch_size"] == bs and r["decoder"] == "ar")
         for row in rows:
             if row["batch_size"] == bs:
                 row["speedup_vs_ar"] = ar_sec / row["seconds_per_image"]
-    if quality_decoders is not None:
-        unknown = set(quality_decoders) - {s.strip() for s in specs} - {"ar"}
-        if unknown:
-            raise ValueError(f"--quality-decoders {sorted(unknown)} are not among --decoders")
     if quality_n:
-        for name, params in decs:
-            if quality_decoders is not None and _label(name, params) not in \
-                    {_label(*parse_decoder_spec(q)) for q in quality_decoders}:
-                continue
-            q = evaluate(model, name, quality_n, quality_batch, seed, sc, params)
-            log(f"quality {_label(name, params):<27}: scene {q['scene_accuracy']:.3f}, object "
-                f"{q['object_accuracy']:.3f}, FD {q['fd']:.2f}")
-            for row in rows:
-                if row["decoder"] == _label(name, params):
-                    row.update(scene_accuracy=q["scene_accuracy"], object_accuracy=q["object_accuracy"],
-                               fd=q["fd"], quality_n=quality_n, quality_forwards_per_image=q["forwards_per_image"])
-    samples = _add_fidelity(model, decs, rows, fidelity_n, sc, quality_batch, seed, tolerance, log) \
+        _add_quality(model, decs, rows, quality_decoders, quality_n, quality_batch, seed, log)
+    samples = _add_fidelity(model, decs, rows, fidelity_n, quality_batch, seed, tolerance, log) \
         if fidelity_n else None
     return {"model": model.name, "device": device_label(dev), "torch_device": str(dev),
             "device_type": price.device_type, "devices": devices, "threads": torch.get_num_threads(),
@@ -254,16 +212,34 @@ def bench(model, specs: list[str], n: int, batch_sizes: list[int], quality_n: in
         | ({"samples": samples, "fidelity_n": fidelity_n, "tolerance": tolerance} if fidelity_n else {})
 
 
+def _add_quality(model, decs, rows, chosen, n, batch, seed, log) -> None:
+    """Scene accuracy, object accuracy and FD on every speed row of each chosen decoder."""
+    from reference.evaluate import evaluate
+    if chosen is not None:
+        unknown = [str(q) for q in chosen if q not in decs]
+        if unknown:
+            raise ValueError(f"--quality-decoders {unknown} are not among --decoders")
+    for spec in decs:
+        if chosen is not None and spec not in chosen:
+            continue
+        q = evaluate(model, spec, n, batch, seed)
+        log(f"quality {spec.label:<27}: scene {q['scene_accuracy']:.3f}, object "
+            f"{q['object_accuracy']:.3f}, FD {q['fd']:.2f}")
+        for row in rows:
+            if row["decoder"] == spec.label:
+                row.update(scene_accuracy=q["scene_accuracy"], object_accuracy=q["object_accuracy"],
+                           fd=q["fd"], quality_n=n, quality_forwards_per_image=q["forwards_per_image"])
+
+
 FIDELITY_COLS = ("nll_gap", "nll_gap_ci", "indistinguishable", "within_tolerance", "fd_to_ar", "fd_noise_floor")
 
 
-def _add_fidelity(model, decs, rows, n, sc, batch, seed, tolerance, log) -> dict | None:
+def _add_fidelity(model, decs, rows, n, batch, seed, tolerance, log) -> dict | None:
     """Fidelity columns on every speed row of each decoder; returns the side-by-side samples (or None)."""
     from flows.fidelity import fidelity
     from reference.prompts import eval_prompts
     ev = eval_prompts(n)
-    specs = [(name, params, _label(name, params)) for name, params in decs]
-    fid = fidelity(model, specs, [r["prompt"] for r in ev], [seed * 1_000_003 + r["seed"] for r in ev], sc,
+    fid = fidelity(model, decs, [r["prompt"] for r in ev], [seed * 1_000_003 + r["seed"] for r in ev],
                    batch, tolerance, log=log, keep_images=8)
     by_label = {r["decoder"]: r for r in fid["rows"]}
     for row in rows:

@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 def run(n: int = 128, decoder: str = "ar", batch_size: int = 16, threads: int = 2, shard_size: int = 32,
         log=print) -> dict:
     import torch
-    from decoders import decode
-    from decoders.sampling import SamplingConfig
+    from decoders import run as run_spec
+    from decoders.spec import DecodeSpec
     from flows.inputs import derive_seed
     from flows.pipeline import generate
     from reference.prompts import eval_prompts
@@ -38,10 +38,10 @@ def run(n: int = 128, decoder: str = "ar", batch_size: int = 16, threads: int = 
 
     torch.set_num_threads(threads)
     model = load_model("reference")
-    sc = SamplingConfig()
+    spec = DecodeSpec.parse(decoder)
     t0 = time.perf_counter()
     for i in range(0, n, batch_size):
-        res = decode(decoder, model, [r["prompt"] for r in rows[i:i + batch_size]], seeds[i:i + batch_size], sc)
+        res = run_spec(spec, model, [r["prompt"] for r in rows[i:i + batch_size]], seeds[i:i + batch_size])
         model.decode_images(res.tokens)
     bare_s = time.perf_counter() - t0
     log(f"bare decoder loop: {n} images in {bare_s:.1f} s ({n / bare_s:.3f} img/s)")
@@ -50,7 +50,7 @@ def run(n: int = 128, decoder: str = "ar", batch_size: int = 16, threads: int = 
            "bare_seconds": bare_s, "bare_images_per_s": n / bare_s}
     for label in ("cold_prefect", "warm_prefect"):
         t0 = time.perf_counter()
-        s = generate(prompts=[str(src)], out=str(work / label), decoder=decoder, batch_size=batch_size,
+        s = generate(prompts=[str(src)], out=str(work / label), decoder=str(spec), batch_size=batch_size,
                      shard_size=shard_size, actors=1, cpus_per_actor=float(threads), progress=False)
         wall = time.perf_counter() - t0
         assert s["images_ok"] == n, s

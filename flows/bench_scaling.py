@@ -18,27 +18,23 @@ from pathlib import Path
 import numpy as np
 
 SIDES = (8, 16, 32)
-DECODERS = (("ar", {}), ("sjd", {"window": 16}), ("ssd", {"rows": 2, "rounds": 2}),
-            ("sjd", {"window": 33, "coupled": True}), ("ssd", {"rows": 2, "lossless": True}),
-            ("ssd+csd", {"rows": 2, "rounds": 2, "adaptive": True, "max_rows": 4, "calibrated": False}))  # no AR fallback
+DECODERS = ("ar", "sjd:window=16", "ssd:rows=2:rounds=2", "sjd:window=33:coupled=true", "ssd:rows=2:lossless=true",
+            "ssd+csd:rows=2:rounds=2:adaptive=true:max_rows=4:calibrated=false")  # no AR fallback: forwards only
 PROMPTS = ["a large red circle at the center on a flat gray background",
            "a small blue square at the top left on a wavy beige background",
            "a large shaded green triangle at the bottom right on a cloudy slate background",
            "a small dotted yellow diamond at the top middle on a striped brown background"]
 
 
-def _label(name: str, params: dict) -> str:
-    return name + "".join(f":{k}={v}" for k, v in params.items())
-
-
 def run(sides=SIDES, n_prompts: int = 8, reference_bench: str | None = None, plot: str | None = None,
         log=print) -> dict:
     import torch
-    from decoders import decode
-    from decoders.sampling import SamplingConfig
+    from decoders import run as run_spec
+    from decoders.spec import DecodeSpec
     from decoders.ssd_train import DistillConfig, train_heads
     from reference.tiny import tiny_model
-    sc = SamplingConfig(cfg_scale=3.0)
+    specs = [DecodeSpec.parse(d) for d in DECODERS]
+    sc = specs[0].sampling
     prompts = (PROMPTS * n_prompts)[:n_prompts]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -47,12 +43,12 @@ def run(sides=SIDES, n_prompts: int = 8, reference_bench: str | None = None, plo
             heads, _ = train_heads(m, PROMPTS * 4, sc, DistillConfig(n_images=16, sample_batch=16, steps=150,
                                                                       batch=512), log=lambda *a: None)
             heads.save(m.default_heads)
-            for name, params in DECODERS:
+            for spec in specs:
                 torch.manual_seed(0)
-                res = decode(name, m, prompts, list(range(len(prompts))), sc, dict(params))
+                res = run_spec(spec, m, prompts, list(range(len(prompts))))
                 f = float(np.mean([s.forwards for s in res.stats]))
-                rows.append({"side": n, "tokens": n * n, "decoder": _label(name, params), "forwards_per_image": f})
-                log(f"n={n:>2}  {_label(name, params):<40} {f:8.1f} forwards/image")
+                rows.append({"side": n, "tokens": n * n, "decoder": spec.label, "forwards_per_image": f})
+                log(f"n={n:>2}  {spec.label:<40} {f:8.1f} forwards/image")
     slopes = {}
     for dec in dict.fromkeys(r["decoder"] for r in rows):
         pts = [(r["side"], r["forwards_per_image"]) for r in rows if r["decoder"] == dec]

@@ -44,26 +44,22 @@ def _model(model: Optional[str]):
     return load_model(model)
 
 
-def _params(window, init, lam, delta, entropy_norm) -> dict:
-    """The decoder parameters the user gave; the decoder's config supplies the rest and validates."""
-    given = {"window": window, "init": init, "lam": lam, "delta": delta, "entropy_norm": entropy_norm}
-    return {k: v for k, v in given.items() if v is not None}
+def _spec(text: str):
+    """The one place a decode spec is parsed (decoders/spec.py); errors name the spec and the key."""
+    from decoders.spec import DecodeSpec
+    return DecodeSpec.parse(text)
 
 
-def _check_decoder(decoder: str, params: dict) -> None:
-    from decoders import decoder_config
-    decoder_config(decoder, params)  # fail before loading anything
+def _specs(text: str) -> list:
+    return [_spec(t) for t in text.split(",") if t.strip()]
 
 
+SPEC_HELP = ("decode spec: family[:key=value]..., family one of ar, sjd, csd, ssd, ssd+csd; keys are the "
+             "decoder's parameters, cfg, temperature, top_k, top_p and heads (docs/decoders.md), "
+             "e.g. ssd+csd:rows=2:cfg=3")
+DECODER = typer.Option("ar", "--decoder", help=SPEC_HELP)
 CFG = typer.Option(3.0, "--cfg", help="classifier-free guidance scale (1 = off)")
-WINDOW = typer.Option(None, help="sjd/csd: tokens per forward, L (default 16)")
-INIT = typer.Option(None, help="sjd/csd: draft initialisation: random, repeat-left, repeat-above")
-LAM = typer.Option(None, "--lam", help="csd: relaxation strength λ (>= 0)")
-DELTA = typer.Option(None, "--delta", help="csd: relax only where TV(p, q) < δ, δ in [0, 1]")
-ENORM = typer.Option(None, "--entropy-norm", help="csd: entropy normaliser: support, vocab, none")
-TEMP = typer.Option(1.0, help="sampling temperature (0 = greedy)")
 TOPK = typer.Option(0, "--top-k", help="keep the k most likely tokens (0 = off)")
-TOPP = typer.Option(1.0, "--top-p", help="nucleus sampling mass (1 = off)")
 MODEL = typer.Option(None, help="model: reference (default), reference:/bundle, janus:/ckpt, emu3:/ckpt, "
                                  "chameleon:/ckpt")
 AUDIT = typer.Option(0.0, "--audit", metavar="FRACTION",
@@ -76,24 +72,19 @@ AUDIT_TOL = typer.Option(0.15, "--audit-tolerance", help="allowed |NLL gap| of t
 @friendly
 def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for several"),
            n: int = typer.Option(4, help="images per prompt"), out: Path = typer.Option(Path("grid.png")),
-           seed: int = 0, decoder: str = "ar", cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK,
-           top_p: float = TOPP, model: Optional[str] = MODEL, window: Optional[int] = WINDOW,
-           init: Optional[str] = INIT, lam: Optional[float] = LAM, delta: Optional[float] = DELTA,
-           entropy_norm: Optional[str] = ENORM):
+           seed: int = 0, decoder: str = DECODER, model: Optional[str] = MODEL):
     """Sample images for prompts and save them as one grid PNG (a row per prompt)."""
     import numpy as np
     from PIL import Image
-    from decoders import decode
+    from decoders import run
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
-    sc = _sampling(cfg, temperature, top_k, top_p)
-    params = _params(window, init, lam, delta, entropy_norm)
-    _check_decoder(decoder, params)
+    spec = _spec(decoder)
     m = _model(model)
     prompts = [p for p in prompt for _ in range(n)]
     seeds = [seed + i for i in range(len(prompts))]
     m.validate_prompts(prompts)
-    res = decode(decoder, m, prompts, seeds, sc, params)
+    res = run(spec, m, prompts, seeds)
     imgs = m.decode_images(res.tokens).numpy()
     rows = [np.concatenate(list(imgs[i * n:(i + 1) * n]), axis=1) for i in range(len(prompt))]
     Image.fromarray(np.concatenate(rows, axis=0)).save(out)
@@ -104,16 +95,12 @@ def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for sever
         typer.echo(f"note: {decoder} decoded this batch as plain AR ({policy.removeprefix('ar: ')})")
 
 
-def _ssd_params(rows, max_rows, rounds, lossless) -> dict:
-    given = {"rows": rows, "max_rows": max_rows, "rounds": rounds, "lossless": lossless}
-    return {k: v for k, v in given.items() if v is not None}
-
-
 @app.command()
 @friendly
 def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or glob at any fsspec URL; repeatable"),
              out: str = typer.Option("out/run", help="output URL (local path, s3://, gs://, ...)"),
-             decoder: str = "ar", model: Optional[str] = MODEL, shard_size: int = typer.Option(256, help="rows per shard"),
+             decoder: str = DECODER, model: Optional[str] = MODEL,
+             shard_size: int = typer.Option(256, help="rows per shard"),
              batch_size: int = typer.Option(16, help="prompts per decoder call"),
              actors: int = typer.Option(2, help="Ray actors (each loads the model once)"),
              cpus_per_actor: float = typer.Option(1.0, help="Ray num_cpus per actor (= torch threads on CPU)"),
@@ -124,27 +111,20 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
              cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit to hold "
                                                                      "a slot of per GPU (per actor on CPUs)"),
              seed: int = typer.Option(0, help="run seed; a row's own `seed` column wins"),
-             cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK, top_p: float = TOPP,
-             window: Optional[int] = WINDOW, init: Optional[str] = INIT, lam: Optional[float] = LAM,
-             delta: Optional[float] = DELTA, entropy_norm: Optional[str] = ENORM,
-             rows: Optional[int] = typer.Option(None, help="ssd: rows drafted per step"),
-             max_rows: Optional[int] = typer.Option(None, help="ssd+csd: most rows the adaptive policy drafts"),
-             rounds: Optional[int] = typer.Option(None, help="ssd: auto-correction rounds r"),
-             lossless: Optional[bool] = typer.Option(None, help="ssd: commit only the verified raster prefix"),
              audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
              progress: bool = typer.Option(True, help="show a progress bar")):
     """Generate images for Parquet prompts with a Prefect flow on Ray actors; resumable (run it again)."""
     from flows.inputs import list_inputs
     from flows.pipeline import GenerateConfig, generate as flow
-    params = _params(window, init, lam, delta, entropy_norm) | _ssd_params(rows, max_rows, rounds, lossless)
+    spec = _spec(decoder)
     # the flow validates again (deployments call it directly); here it fails fast, before Prefect starts
-    GenerateConfig(prompts=tuple(prompts), out=out, model=model or "reference", decoder=decoder, params=params,
+    GenerateConfig(prompts=tuple(prompts), out=out, model=model or "reference", decoder=spec,
                    shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
                    gpus_per_actor=gpus_per_actor, device_type=device_type, audit=audit,
                    audit_tolerance=audit_tolerance).validate()
     list_inputs(list(prompts))
-    summary = flow(prompts=prompts, out=out, model=model or "reference", decoder=decoder, params=params,
-                   cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, shard_size=shard_size,
+    summary = flow(prompts=prompts, out=out, model=model or "reference", decoder=str(spec), seed=seed,
+                   shard_size=shard_size,
                    batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor,
                    device_type=device_type, ray_address=ray_address, cluster_limit=cluster_limit, audit=audit,
                    audit_tolerance=audit_tolerance, progress=progress)
@@ -168,17 +148,17 @@ def _print_summary(s: dict) -> None:
 def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or glob; repeatable"),
           out: str = typer.Option(..., help="output URL; `{date}` becomes the run's scheduled date"),
           cron: str = typer.Option("0 2 * * *", help="schedule (cron, UTC)"), name: str = "nightly",
-          decoder: str = "ar", model: Optional[str] = MODEL, shard_size: int = 256, batch_size: int = 16,
+          decoder: str = DECODER, model: Optional[str] = MODEL, shard_size: int = 256, batch_size: int = 16,
           actors: int = 2, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
           cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit (see generate)"),
           audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL):
     """Serve the generation flow as a Prefect deployment on a cron schedule (runs until stopped)."""
     from flows.audit import check_audit
     from flows.pipeline import generate as flow
-    _check_decoder(decoder, {})
+    spec = _spec(decoder)
     check_audit(audit, audit_tolerance)
     flow.serve(name=name, cron=cron, parameters={
-        "prompts": prompts, "out": out, "model": model or "reference", "decoder": decoder, "shard_size": shard_size,
+        "prompts": prompts, "out": out, "model": model or "reference", "decoder": str(spec), "shard_size": shard_size,
         "batch_size": batch_size, "actors": actors, "cpus_per_actor": cpus_per_actor,
         "gpus_per_actor": gpus_per_actor, "device_type": device_type, "cluster_limit": cluster_limit,
         "audit": audit, "audit_tolerance": audit_tolerance, "progress": False})
@@ -208,7 +188,7 @@ def status(url: str = typer.Argument(..., help="a run's output URL")):
 
 @app.command()
 @friendly
-def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: str = "ar",
+def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: str = DECODER,
          batch_size: int = 8, actors: int = 2, model: Optional[str] = MODEL):
     """The embedded default job: the bundled example prompts (Parquet) through the Prefect flow on local Ray
     actors into OUT/run, then a grid.png of the committed images."""
@@ -218,7 +198,8 @@ def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: s
     from PIL import Image
     from flows.pipeline import generate as flow
     from reference.prompts import EXAMPLES_PARQUET
-    summary = flow(prompts=[str(EXAMPLES_PARQUET)], out=str(out / "run"), model=model or "reference", decoder=decoder,
+    summary = flow(prompts=[str(EXAMPLES_PARQUET)], out=str(out / "run"), model=model or "reference",
+                   decoder=str(_spec(decoder)),
                    shard_size=4, batch_size=batch_size, actors=actors, progress=True)
     _print_summary(summary)
     man = pq.read_table(summary["manifest"].removeprefix("file://")).to_pylist()
@@ -245,11 +226,11 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
               device_type: str = typer.Option("cpu", help="price row in infra/prices.csv for $ per 1k images "
                                                           "(cpu = per vCPU x torch threads; a GPU type = 1 GPU)"),
               device: str = typer.Option("cpu", help="torch device for the model: cpu or cuda[:N]"),
-              seed: int = 0, cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK, top_p: float = TOPP,
-              model: Optional[str] = MODEL):
-    """Compare decoders side by side: forwards, time, cost and quality, speedups measured in this run."""
-    from flows.bench import bench, check_args, parse_decoder_spec, resolve_device
-    specs = [s for s in decoders.split(",") if s.strip()]
+              seed: int = 0, model: Optional[str] = MODEL):
+    """Compare decoders side by side: forwards, time, cost, quality and fidelity, speedups measured in this
+    run. The decoders share one sampling setting (give cfg, temperature, top_k, top_p in each spec)."""
+    from flows.bench import bench, check_args, resolve_device
+    specs = _specs(decoders)
     try:
         sizes = [int(b) for b in batch_sizes.split(",") if b.strip()]
     except ValueError:
@@ -258,13 +239,10 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
         raise ValueError(f"--n must be in 1..1024, --quality-n in 0..1024 and --fidelity-n 0 or in 2..1024, "
                          f"got {n}, {quality_n} and {fidelity_n}")
     check_args(specs, sizes)  # all argument errors before the model loads
-    for s in specs:
-        parse_decoder_spec(s)
+    chosen = _specs(quality_decoders) if quality_decoders else None
     resolve_device(device, device_type)
-    res = bench(_model_on(model, device), specs, n, sizes, quality_n, _sampling(cfg, temperature, top_k, top_p),
-                seed=seed, log=typer.echo, device_type=device_type,
-                quality_decoders=[q for q in quality_decoders.split(",") if q.strip()] if quality_decoders else None,
-                fidelity_n=fidelity_n, tolerance=tolerance)
+    res = bench(_model_on(model, device), specs, n, sizes, quality_n, seed=seed, log=typer.echo,
+                device_type=device_type, quality_decoders=chosen, fidelity_n=fidelity_n, tolerance=tolerance)
     samples = res.pop("samples", None)  # images: for the page, not the JSON
     cols = ("decoder", "batch_size", "forwards_per_image", "tokens_per_forward", "seconds_per_image",
             "speedup_vs_ar", "usd_per_1k_images", "nll_gap", "scene_accuracy", "object_accuracy", "fd")
@@ -290,13 +268,13 @@ def fidelity_cmd(decoders: str = typer.Option("sjd,ssd:lossless=true,csd,ssd+csd
                  prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)"),
                  json_path: Optional[Path] = typer.Option(None, "--json"),
                  device: str = typer.Option("cpu", help="torch device for the model: cpu or cuda[:N]"),
-                 cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK, top_p: float = TOPP,
                  model: Optional[str] = MODEL):
     """Fidelity against the target: NLL per token of each decoder's tokens under the model, its gap to AR
     with bootstrap intervals, FD to AR's own samples and accuracy deltas (reference model)."""
-    from flows.bench import parse_decoder_spec
+    from decoders.spec import common_sampling
     from flows.fidelity import fidelity
-    specs = [(*parse_decoder_spec(s), s.strip()) for s in decoders.split(",") if s.strip()]
+    specs = _specs(decoders)
+    common_sampling(specs)
     if not specs:
         raise ValueError("--decoders is empty: name at least one decoder, e.g. sjd,csd")
     if n < 2 or batch_size < 1 or tolerance <= 0:
@@ -313,8 +291,7 @@ def fidelity_cmd(decoders: str = typer.Option("sjd,ssd:lossless=true,csd,ssd+csd
         texts, seeds = [r["prompt"] for r in rows], [seed * 1_000_003 + r["seed"] for r in rows]
     if len(texts) < 2:
         raise ValueError("fidelity needs at least 2 prompts")
-    res = fidelity(_model_on(model, device), specs, texts, seeds, _sampling(cfg, temperature, top_k, top_p),
-                   batch_size, tolerance, log=typer.echo)
+    res = fidelity(_model_on(model, device), specs, texts, seeds, batch_size, tolerance, log=typer.echo)
     if json_path:
         json_path.write_text(json.dumps(res, indent=1))
         typer.echo(f"wrote {json_path}")

@@ -9,8 +9,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli import (CFG, DELTA, ENORM, INIT, LAM, MODEL, TEMP, TOPK, TOPP, WINDOW, _check_decoder, _model, _params,
-                       _sampling, app, friendly)
+from flows.cli import CFG, DECODER, MODEL, SPEC_HELP, TOPK, _model, _sampling, _spec, app, friendly
 
 
 @app.command("train-reference")
@@ -123,22 +122,19 @@ def tokenizer_report(n: int = 1024, json_path: Optional[Path] = typer.Option(Non
 
 @app.command("eval")
 @friendly
-def eval_cmd(decoder: str = "ar", n: int = 1024, batch_size: int = 64, seed: int = 0,
+def eval_cmd(decoder: str = DECODER, n: int = 1024, batch_size: int = 64, seed: int = 0,
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
-             cfg: float = CFG, temperature: float = TEMP, top_k: int = TOPK, top_p: float = TOPP,
-             model: Optional[str] = MODEL, window: Optional[int] = WINDOW, init: Optional[str] = INIT,
-             lam: Optional[float] = LAM, delta: Optional[float] = DELTA, entropy_norm: Optional[str] = ENORM):
+             model: Optional[str] = MODEL):
     """Decode the fixed eval prompts and report scene accuracy, object accuracy and FD."""
     from reference.evaluate import evaluate
-    params = _params(window, init, lam, delta, entropy_norm)
-    _check_decoder(decoder, params)
+    spec = _spec(decoder)
     if not 1 <= n <= 1024:
         raise ValueError(f"--n must be in 1..1024 (the eval set has 1,024 prompts), got {n}")
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-    res = evaluate(_model(model), decoder, n, batch_size, seed, _sampling(cfg, temperature, top_k, top_p), params)
+    res = evaluate(_model(model), spec, n, batch_size, seed)
     rep = res["scorer"]
-    typer.echo(f"model {res['model']}  decoder {decoder}  n {res['n']}  batch {batch_size}  seed {seed}")
+    typer.echo(f"model {res['model']}  decoder {spec}  n {res['n']}  batch {batch_size}  seed {seed}")
     for k in ("scene_accuracy", "object_accuracy", "fd", "fd_real_heldout", "forwards_per_image",
               "seconds_per_image"):
         typer.echo(f"  {k:<22} {res[k]:.4f}")
@@ -149,7 +145,7 @@ def eval_cmd(decoder: str = "ar", n: int = 1024, batch_size: int = 64, seed: int
     for k, v in rep["scene_accuracy_by_objects"].items():
         typer.echo(f"  scene accuracy, {k} object(s): {v:.4f}")
     if json_path:
-        keys = ("model", "decoder", "n", "batch_size", "seed", "scene_accuracy", "object_accuracy", "fd",
+        keys = ("model", "decoder", "spec", "n", "batch_size", "seed", "scene_accuracy", "object_accuracy", "fd",
                 "forwards_per_image", "seconds_per_image")
         out = {k: res[k] for k in keys} | {"fd_real_heldout": res["fd_real_heldout"], "details": res}
         json_path.write_text(json.dumps(out, indent=1))
@@ -160,30 +156,30 @@ def eval_cmd(decoder: str = "ar", n: int = 1024, batch_size: int = 64, seed: int
 @app.command("figures")
 @friendly
 def figures(out: Path = typer.Option(Path("docs"), help="folder for the PNGs and JSON"), seed: int = 0,
-            cfg: float = CFG, model: Optional[str] = MODEL, n: int = typer.Option(256, help="eval prompts for CSD"),
-            csd: str = typer.Option("csd:window=16", help="the CSD decoder spec whose commit maps to show")):
+            model: Optional[str] = MODEL, n: int = typer.Option(256, help="eval prompts for CSD"),
+            csd: str = typer.Option("csd:window=16", help="the CSD decode spec whose commit maps to show; "
+                                    "its sampling settings are the AR grid's too. " + SPEC_HELP)):
     """docs/ figures: a 4x4 grid of AR samples for 16 eval prompts, and CSD's commit maps with where its
     relaxed acceptances fall (objects, smooth and detailed background)."""
     import numpy as np
 
-    from flows.bench import parse_decoder_spec
+    from decoders.spec import DecodeSpec
     from reference.commit_maps import content_awareness, overlay
     from reference.evaluate import generate
     from reference.figures import captioned_grid
     from reference.prompts import eval_prompts
-    name, params = parse_decoder_spec(csd)
+    spec = _spec(csd)
     m = _model(model)
-    sc = _sampling(cfg, 1.0, 0, 1.0)
     out.mkdir(parents=True, exist_ok=True)
     rows = eval_prompts(16)
     prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
-    images, _, _ = generate(m, prompts, seeds, "ar", sc, 16)
+    images, _, _ = generate(m, prompts, seeds, DecodeSpec("ar", (), spec.sampling), 16)
     captioned_grid(list(images), prompts).save(out / "samples_grid.png")
     rows = eval_prompts(n)
     prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
-    images, stats, _ = generate(m, prompts, seeds, name, sc, 64, params, desc=name)
+    images, stats, _ = generate(m, prompts, seeds, spec, 64, desc=spec.label)
     maps = [s.commit_map for s in stats]
-    report = {"decoder": csd, "n": len(prompts),
+    report = {"decoder": str(spec), "n": len(prompts),
               "forwards_per_image": float(np.mean([s.forwards for s in stats]))}
     report |= content_awareness(prompts, images, maps)
     (out / "csd_content_awareness.json").write_text(json.dumps(report, indent=1))

@@ -19,28 +19,27 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from decoders import decode
+from decoders import run
 from decoders.fidelity import paired_gap, ratio_gap, target_nll
-from decoders.sampling import SamplingConfig
+from decoders.spec import DecodeSpec, common_sampling
 
 REFERENCE_SEED_OFFSET = 7_000_000  # the AR reference set's seeds: independent of every decoder's
 
 
-def decode_set(model, name: str, params: dict, prompts: list[str], seeds: list[int], sc: SamplingConfig,
-               batch_size: int, images: bool) -> dict:
+def decode_set(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], batch_size: int,
+               images: bool) -> dict:
     """Decode, score under the target -> tokens, per-sample NLL, forwards, seconds, images (or None)."""
     toks, nll, fwd, imgs = [], [], [], []
     t0 = time.perf_counter()
-    for i in tqdm(range(0, len(prompts), batch_size), desc=f"fidelity {name}", unit="batch"):
-        p, s = prompts[i:i + batch_size], seeds[i:i + batch_size]
-        res = decode(name, model, p, s, sc, params)
+    for i in tqdm(range(0, len(prompts), batch_size), desc=f"fidelity {spec.label}", unit="batch"):
+        res = run(spec, model, prompts[i:i + batch_size], seeds[i:i + batch_size])
         toks.append(res.tokens)
         fwd += [st.forwards for st in res.stats]
         if images:
             imgs.append(model.decode_images(res.tokens).numpy())
     seconds = time.perf_counter() - t0
     for i in range(0, len(prompts), batch_size):  # scoring is not part of the decode time
-        nll.append(target_nll(model, prompts[i:i + batch_size], toks[i // batch_size], sc))
+        nll.append(target_nll(model, prompts[i:i + batch_size], toks[i // batch_size], spec.sampling))
     return {"tokens": torch.cat(toks), "nll": torch.cat(nll).numpy(), "forwards": np.array(fwd, float),
             "seconds": seconds, "images": np.concatenate(imgs) if images else None}
 
@@ -101,19 +100,22 @@ def compare(dec: dict, ref: dict, control: dict | None, prompts: list[str], judg
     return row
 
 
-def fidelity(model, specs: list[tuple[str, dict, str]], prompts: list[str], seeds: list[int], sc: SamplingConfig,
-             batch_size: int = 64, tolerance: float = 0.15, log=print, keep_images: int = 0) -> dict:
-    """specs: (decoder name, params, label). Returns {"rows": [...]} with the `ar` control row first, and
+def fidelity(model, specs: list[DecodeSpec], prompts: list[str], seeds: list[int], batch_size: int = 64,
+             tolerance: float = 0.15, log=print, keep_images: int = 0) -> dict:
+    """Specs sharing one sampling setting. Returns {"rows": [...]} with the `ar` control row first, and
     with keep_images > 0 (and a model that draws images) "samples": the first keep_images prompts and
     {label: uint8 images} for each decoder, the AR control included, for side-by-side grids."""
+    sc = common_sampling(specs)
+    ar = DecodeSpec("ar", (), sc)
     judge = SceneJudge() if hasattr(model, "vq") and model.grid == (16, 16) else None
     images = judge is not None
     ref_seeds = [s + REFERENCE_SEED_OFFSET for s in seeds]
-    ref = decode_set(model, "ar", {}, prompts, ref_seeds, sc, batch_size, images)
-    control = decode_set(model, "ar", {}, prompts, seeds, sc, batch_size, images)
+    ref = decode_set(model, ar, prompts, ref_seeds, batch_size, images)
+    control = decode_set(model, ar, prompts, seeds, batch_size, images)
     rows, samples = [], {}
-    for name, params, label in [("ar", {}, "ar")] + [s for s in specs if s[2] != "ar"]:
-        dec = control if label == "ar" else decode_set(model, name, params, prompts, seeds, sc, batch_size, images)
+    for spec in [ar] + [s for s in specs if s != ar]:
+        label = spec.label
+        dec = control if spec == ar else decode_set(model, spec, prompts, seeds, batch_size, images)
         row = {"decoder": label} | compare(dec, ref, control, prompts, judge, tolerance)
         row["speedup_forwards_vs_ar"] = float(ref["forwards"].mean()) / row["forwards_per_image"]
         rows.append(row)

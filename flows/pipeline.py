@@ -33,13 +33,14 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
+from decoders.spec import DecodeSpec
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 from tqdm import tqdm
 
-from .audit import AUDIT_FILE, DEFAULT_TOLERANCE, audit_rows, audit_table, check_audit, decoder_label, mark_rows
+from .audit import AUDIT_FILE, DEFAULT_TOLERANCE, audit_rows, audit_table, check_audit, mark_rows
 from .audit import shard_audit, summarize as audit_summary, warning as audit_warning
 from .cost import Price, cost_table, price_for, run_summary
 from .inputs import InputError, InputFile, check_unique_prompt_ids, list_inputs
@@ -79,12 +80,7 @@ class GenerateConfig:
     prompts: tuple[str, ...]
     out: str = "out"
     model: str = "reference"
-    decoder: str = "ar"
-    params: dict = field(default_factory=dict)
-    cfg_scale: float = 3.0
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    decoder: DecodeSpec = field(default_factory=DecodeSpec)  # decoder, its parameters, sampling, heads
     seed: int = 0
     shard_size: int = 256
     batch_size: int = 16
@@ -98,7 +94,6 @@ class GenerateConfig:
     audit_tolerance: float = DEFAULT_TOLERANCE
 
     def validate(self) -> Price:
-        from decoders import decoder_config
         from workers.models import check_model_spec
         if not self.prompts:
             raise ValueError("--prompts: give at least one Parquet file or prefix")
@@ -108,7 +103,6 @@ class GenerateConfig:
         if self.cpus_per_actor <= 0 or self.gpus_per_actor < 0:
             raise ValueError("--cpus-per-actor must be > 0 and --gpus-per-actor >= 0")
         check_model_spec(self.model)
-        decoder_config(self.decoder, self.params)
         check_audit(self.audit, self.audit_tolerance)
         price = price_for(self.device_type)
         if price.unit == "gpu" and self.gpus_per_actor <= 0:
@@ -134,22 +128,19 @@ class GenerateConfig:
         return max(1, int(self.cpus_per_actor))
 
     def worker_spec(self) -> dict:
-        return {"model": self.model, "decoder": self.decoder, "params": dict(self.params),
-                "cfg_scale": self.cfg_scale, "temperature": self.temperature, "top_k": self.top_k,
-                "top_p": self.top_p, "threads": self.threads}
+        return {"model": self.model, "decode": self.decoder.to_dict(), "threads": self.threads}
 
     def recorded(self, files: list[InputFile]) -> dict:
         """What `_config.json` holds: everything that decides which images come out. No credentials."""
-        keys = ("model", "decoder", "params", "cfg_scale", "temperature", "top_k", "top_p", "seed", "shard_size",
-                "batch_size")
+        keys = ("model", "seed", "shard_size", "batch_size")
         # audit keys only when auditing: a run from before the audit existed still resumes without one
         audit = {"audit": self.audit, "audit_tolerance": self.audit_tolerance} if self.audit > 0 else {}
-        return {k: getattr(self, k) for k in keys} | audit | {
+        return {k: getattr(self, k) for k in keys} | {"decoder": str(self.decoder)} | audit | {
             "inputs": [{"url": f.url, "rows": f.num_rows, "bytes": f.size} for f in files]}
 
     @property
     def audit_label(self) -> str:
-        return decoder_label(self.decoder, self.params)
+        return self.decoder.label
 
 
 class ActorPool:
@@ -263,7 +254,7 @@ def run_shard(shard_id: int, shard: Shard, ctx: RunContext) -> dict:
     samples = [s for r in results for s in r["samples"]]
     for s in samples:
         s["device_seconds"] = s["latency_s"] * cfg.devices_per_actor
-    images, stats = shard_tables(samples, rows, cfg.decoder, cfg.model)
+    images, stats = shard_tables(samples, rows, cfg.decoder.label, cfg.model)
     dev = cfg.devices_per_actor
     audited, audit = shard_audit(results, dev)
     attempt = out.new_attempt(shard_id)
@@ -338,12 +329,12 @@ def _actors(cfg: GenerateConfig, faults: dict) -> list:
 
 @flow(name="ssdgen-generate")
 def generate(prompts: list[str], out: str = "out", model: str = "reference", decoder: str = "ar",
-             params: dict | None = None, cfg_scale: float = 3.0, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int = 0, shard_size: int = 256, batch_size: int = 16, actors: int = 2,
+             seed: int = 0, shard_size: int = 256, batch_size: int = 16, actors: int = 2,
              cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
              ray_address: str | None = None, cluster_limit: str | None = None, audit: float = 0.0,
              audit_tolerance: float = DEFAULT_TOLERANCE, progress: bool = True, faults: dict | None = None) -> dict:
-    """Generate an image for every prompt row; resumable. `out` may hold `{date}`, filled with the run's
+    """Generate an image for every prompt row; resumable. `decoder` is a decode spec (decoders/spec.py), e.g.
+    `ssd+csd:token_budget=0:cfg=3`, parsed here: the flow is the edge for deployments. `out` may hold `{date}`, filled with the run's
     scheduled date (YYYY-MM-DD), so a scheduled deployment renders into one folder per day. `cluster_limit`
     names a Prefect global concurrency limit (`prefect gcl create NAME --limit N`) that the run holds one slot
     of per GPU (per actor on CPUs) while its actors exist. `audit` is the fraction of prompts whose NLL gap to
@@ -353,8 +344,7 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
         from prefect.runtime import flow_run
         when = flow_run.scheduled_start_time or datetime.now(timezone.utc)
         out = out.replace("{date}", when.strftime("%Y-%m-%d"))
-    cfg = GenerateConfig(prompts=tuple(prompts), out=out, model=model, decoder=decoder, params=dict(params or {}),
-                         cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+    cfg = GenerateConfig(prompts=tuple(prompts), out=out, model=model, decoder=DecodeSpec.parse(decoder), seed=seed,
                          shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
                          gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address,
                          cluster_limit=cluster_limit, audit=audit, audit_tolerance=audit_tolerance)
@@ -434,7 +424,7 @@ def execute(cfg: GenerateConfig, progress: bool = True, faults: dict | None = No
     summary["images_per_s_steady"] = summary["images_this_run"] / steady if pending and steady > 0 else None
     summary |= {"out": out.url, "shards_total": len(shards), "shards_committed": len(committed),
                 "shards_run_now": len(pending) - len(failed), "shards_failed": {str(k): v for k, v in failed.items()},
-                "attempts_removed": removed, "decoder": cfg.decoder, "model": cfg.model,
+                "attempts_removed": removed, "decoder": str(cfg.decoder), "model": cfg.model,
                 "batch_size": cfg.batch_size, "actors": cfg.actors, "device_type": cfg.device_type,
                 "audit": _audit(cfg, out, committed, price),
                 "manifest": out.write_manifest(committed), "finished_at": datetime.now(timezone.utc).isoformat()}

@@ -123,7 +123,7 @@ say "bench: decoders $DECODERS, n $N, quality_n $QN, device type $DT"
 # 5. the bench ---------------------------------------------------------------------------------------------
 bench() {
     timeout "$1" "$PY" -m flows.cli bench --device "$DEV" --device-type "$DT" --decoders "$DECODERS" --n "$2" \
-        --batch-sizes "$3" --quality-n "$4" --json "$OUT/bench.json" --html "$OUT/bench.html" 2>&1 | tee -a "$OUT/bench.log"
+        --batch-sizes "$3" --quality-n "$4" --fidelity-n "${BENCH_FIDELITY_N:-0}" --json "$OUT/bench.json" --html "$OUT/bench.html" 2>&1 | tee -a "$OUT/bench.log"
     return "${PIPESTATUS[0]}"
 }
 if ! bench 330 "$N" "$BATCHES" "$QN"; then

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from decoders import decode
-from decoders.sampling import SamplingConfig
+from decoders import run
+from decoders.spec import DecodeSpec
 
 from . import captions as cap
 from .fd import frechet_distance
@@ -37,26 +37,24 @@ def real_images(prompts: list[str], seeds: list[int]) -> np.ndarray:
     return np.stack([render(real_scene(p, s)) for p, s in zip(prompts, seeds)])
 
 
-def generate(model, prompts: list[str], seeds: list[int], decoder: str, sc: SamplingConfig,
-             batch_size: int, params: dict | None = None, desc: str = "decode"):
+def generate(model, prompts: list[str], seeds: list[int], spec: DecodeSpec, batch_size: int, desc: str = "decode"):
     """Decode prompts in batches -> (uint8 images [N, 64, 64, 3], per-sample stats, seconds)."""
     images, stats = [], []
     t0 = time.perf_counter()
     with tqdm(total=len(prompts), desc=desc, unit="img") as bar:
         for i in range(0, len(prompts), batch_size):
-            res = decode(decoder, model, prompts[i:i + batch_size], seeds[i:i + batch_size], sc, params or {})
+            res = run(spec, model, prompts[i:i + batch_size], seeds[i:i + batch_size])
             images.append(model.decode_images(res.tokens).numpy())
             stats.extend(res.stats)
             bar.update(len(res.stats))
     return np.concatenate(images), stats, time.perf_counter() - t0
 
 
-def evaluate(model, decoder: str = "ar", n: int = 1024, batch_size: int = 64, seed: int = 0,
-             sc: SamplingConfig = SamplingConfig(), params: dict | None = None) -> dict:
+def evaluate(model, spec: DecodeSpec = DecodeSpec(), n: int = 1024, batch_size: int = 64, seed: int = 0) -> dict:
     rows = eval_prompts(n)
     prompts = [r["prompt"] for r in rows]
     seeds = [seed * 1_000_003 + r["seed"] for r in rows]
-    images, stats, seconds = generate(model, prompts, seeds, decoder, sc, batch_size, params)
+    images, stats, seconds = generate(model, prompts, seeds, spec, batch_size)
     net = load_scorer()
     report = score(net, images, prompts)
     real = real_images(prompts, [r["seed"] for r in rows])
@@ -65,8 +63,8 @@ def evaluate(model, decoder: str = "ar", n: int = 1024, batch_size: int = 64, se
     fd = frechet_distance(predict(net, images)["features"], f_real)
     fd_floor = frechet_distance(predict(net, held_out)["features"], f_real)
     return {
-        "model": model.name, "decoder": decoder, "params": params or {}, "n": len(prompts),
-        "batch_size": batch_size, "seed": seed, "sampling": sc.__dict__,
+        "model": model.name, "decoder": spec.label, "spec": str(spec), "params": dict(spec.params), "n": len(prompts),
+        "batch_size": batch_size, "seed": seed, "sampling": spec.sampling.__dict__,
         "scene_accuracy": report["scene_accuracy"], "object_accuracy": report["object_accuracy"],
         "fd": fd, "fd_real_heldout": fd_floor,
         "forwards_per_image": float(np.mean([s.forwards for s in stats])),

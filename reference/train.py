@@ -21,6 +21,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from decoders.spec import DecodeSpec
+
+from .evaluate import generate  # imported up front: a long run must not pick up code edited while it trains
+from .model import ReferenceModel
+from .prompts import eval_prompts
+from .scorer import load_scorer, score
 from .train_data import build_dataset, cached_tokenized_set
 from .train_gpt import GPTTrainConfig, cosine_lr, train_gpt
 from .vqvae import VQVAE, VQConfig
@@ -75,16 +81,11 @@ def train_vq(images: np.ndarray, masks: np.ndarray, tc: TrainConfig) -> VQVAE:
 
 def curve_point(gpt, vq, n: int, batch_size: int = 64) -> dict:
     """Object and scene accuracy of AR samples (CFG 3, temperature 1) on the first n eval prompts."""
-    from .evaluate import generate
-    from .model import ReferenceModel
-    from .prompts import eval_prompts
-    from .scorer import load_scorer, score
-    from decoders.sampling import SamplingConfig
     rows = eval_prompts(n)
     prompts = [r["prompt"] for r in rows]
     try:
-        images, _, _ = generate(ReferenceModel.from_modules(gpt, vq), prompts, [r["seed"] for r in rows], "ar",
-                                SamplingConfig(), batch_size, desc="curve")
+        images, _, _ = generate(ReferenceModel.from_modules(gpt, vq), prompts, [r["seed"] for r in rows],
+                                DecodeSpec(), batch_size, desc="curve")
     finally:
         gpt.clear_caches()
     rep = score(load_scorer(), images, prompts)

@@ -27,11 +27,11 @@ def cli(*args):
 def tiny_bench(tmp_path_factory):
     """A real bench run (ar and csd, batches 1 and 2) on the tiny random model: seconds, not minutes."""
     import torch
-    from decoders.sampling import SamplingConfig
+    from decoders.spec import DecodeSpec
     from flows.bench import bench
     from reference.tiny import tiny_model
     m = tiny_model(tmp_path_factory.mktemp("tiny"))
-    res = bench(m, ["ar", "csd:window=4"], 2, [1, 2], 0, SamplingConfig(cfg_scale=3.0), log=lambda *_: None)
+    res = bench(m, [DecodeSpec.parse("ar"), DecodeSpec.parse("csd:window=4")], 2, [1, 2], 0, log=lambda *_: None)
     return res | {"_threads": torch.get_num_threads()}
 
 
@@ -203,13 +203,13 @@ def test_projection_cli_and_bad_arguments(tmp_path):
 def test_bench_fidelity_columns_and_frontier_page(tmp_path):
     """--fidelity-n adds the NLL gap (with its interval and verdict) to every row of a decoder, and the
     page plots images/s against it."""
-    from decoders.sampling import SamplingConfig
+    from decoders.spec import DecodeSpec
     from flows.bench import FIDELITY_COLS, bench
     from flows.plots import bench_html
     from reference.tiny import tiny_model
     m = tiny_model(tmp_path / "tiny")
-    res = bench(m, ["ar", "csd:window=4:lam=6"], 2, [1, 2], 0, SamplingConfig(cfg_scale=3.0), log=lambda *_: None,
-                fidelity_n=64)
+    res = bench(m, [DecodeSpec.parse("ar"), DecodeSpec.parse("csd:window=4:lam=6")], 2, [1, 2], 0,
+                log=lambda *_: None, fidelity_n=64)
     for r in res["rows"]:
         assert set(FIDELITY_COLS) <= set(r) and r["fidelity_n"] == 64
         lo, hi = r["nll_gap_ci"]

@@ -9,6 +9,7 @@ import torch
 from decoders import decode
 from decoders.fidelity import bootstrap_ci, paired_gap, ratio_gap, target_nll
 from decoders.sampling import SamplingConfig, processed_probs
+from decoders.spec import DecodeSpec
 from flows.fidelity import fidelity
 from tiny import tiny_model
 
@@ -66,13 +67,13 @@ def test_ratio_gap_is_the_difference_of_pooled_rates():
 def test_lossless_indistinguishable_and_a_planted_lossy_setting_caught(tiny):
     prompts = [PROMPT] * 256
     seeds = list(range(256))
-    specs = [("sjd", {"window": 6}, "sjd"), ("csd", {"window": 6, "lam": 6.0, "delta": 1.0}, "csd:lam=6")]
-    res = fidelity(tiny, specs, prompts, seeds, SamplingConfig(cfg_scale=3.0), batch_size=64, log=lambda *_: None)
+    specs = [DecodeSpec.parse("sjd:window=6"), DecodeSpec.parse("csd:window=6:lam=6:delta=1")]
+    res = fidelity(tiny, specs, prompts, seeds, batch_size=64, log=lambda *_: None)
     rows = {r["decoder"]: r for r in res["rows"]}
-    assert set(rows) == {"ar", "sjd", "csd:lam=6"}
-    for name in ("ar", "sjd"):
+    assert set(rows) == {"ar", "sjd:window=6", "csd:delta=1:lam=6:window=6"}
+    for name in ("ar", "sjd:window=6"):
         assert rows[name]["indistinguishable"], rows[name]
-    lossy = rows["csd:lam=6"]
+    lossy = rows["csd:delta=1:lam=6:window=6"]
     assert not lossy["indistinguishable"] and lossy["nll_gap"] > 0 and not lossy["within_tolerance"], lossy
     assert lossy["forwards_per_image"] < rows["ar"]["forwards_per_image"]
     for r in rows.values():

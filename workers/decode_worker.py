@@ -27,18 +27,8 @@ import numpy as np
 @dataclass(frozen=True)
 class WorkerSpec:
     model: str = "reference"
-    decoder: str = "ar"
-    params: dict = field(default_factory=dict)
-    cfg_scale: float = 3.0
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    decode: dict = field(default_factory=dict)  # a DecodeSpec's to_dict(): the spec the CLI parsed, unchanged
     threads: int = 1  # torch intra-op threads per actor (CPU): actors × threads should match the cores
-
-    def sampling(self):
-        from decoders.sampling import SamplingConfig
-        return SamplingConfig(cfg_scale=self.cfg_scale, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p)
 
 
 def _fault_token(fault_dir: str, name: str) -> bool:
@@ -72,13 +62,14 @@ class DecodeWorker:
                 self.device = "cuda"  # Ray sets CUDA_VISIBLE_DEVICES to the GPUs it assigned this actor
         except ImportError:
             pass
-        from decoders import decoder_config, load_heads
+        from decoders import load_heads
+        from decoders.spec import DecodeSpec
         from workers.models import load_model
-        decoder_config(self.spec.decoder, self.spec.params)  # a config error fails here, before the long load
+        self.decoding = DecodeSpec.from_dict(self.spec.decode)  # a config error fails here, before the long load
         self.model = load_model(self.spec.model, device=self.device)
-        if self.spec.decoder.startswith("ssd"):
-            load_heads(self.model, self.spec.params.get("heads"))
-        self.sc = self.spec.sampling()
+        if self.decoding.family.startswith("ssd"):
+            load_heads(self.model, self.decoding.heads)
+        self.sc = self.decoding.sampling
         self.load_s = time.perf_counter() - t0
         self.reported_load = False
 
@@ -99,8 +90,8 @@ class DecodeWorker:
             torch.cuda.synchronize()
 
     def _decode(self, prompts: list[str], seeds: list[int]):
-        from decoders import decode
-        res = decode(self.spec.decoder, self.model, prompts, seeds, self.sc, dict(self.spec.params))
+        from decoders import run
+        res = run(self.decoding, self.model, prompts, seeds)
         images = self.model.decode_images(res.tokens).numpy()
         return res.tokens.cpu().numpy(), images, res.stats
 

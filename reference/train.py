@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from decoders.spec import DecodeSpec
 
+from .figures import learning_curve_plot
 from .evaluate import generate  # imported up front: a long run must not pick up code edited while it trains
 from .model import ReferenceModel
 from .prompts import eval_prompts
@@ -131,6 +132,8 @@ def train_reference(out_dir: Path, tc: TrainConfig = TrainConfig(), work: Path =
                "device": str(dev), "gpt_params": sum(p.numel() for p in gpt.parameters()),
                "vq_params": sum(p.numel() for p in vq.parameters())}
     (work / "curve.json").write_text(json.dumps(state["curve"], indent=1))
+    if state["curve"]:
+        learning_curve_plot(state["curve"], work / "learning_curve.png")
     if state["step"] >= tc.gpt.steps:
         save_bundle(out_dir, vq.cpu(), gpt.cpu(), summary)
     return summary

@@ -48,7 +48,9 @@ def test_greedy_equals_ar(tiny, name, params, batch):
     ar = decode("ar", tiny, prompts, seeds, GREEDY)
     spec = decode(name, tiny, prompts, seeds, GREEDY, params)
     assert torch.equal(ar.tokens, spec.tokens)
-    assert all(s.forwards < 16 for s in spec.stats) or params["window"] <= 4
+    assert all(s.forwards <= 16 for s in spec.stats)  # never more forwards than AR's 16
+    if params["window"] > 4:  # a wider window on this peaked model always accepts something
+        assert all(s.forwards < 16 for s in spec.stats)
 
 
 @pytest.mark.parametrize("params", [{"window": 6}, {"window": 6, "coupled": True}])

@@ -29,9 +29,10 @@ Chameleon: image code c is the vocab entry "IMGIMG<c in letters A-J>Z"; logits a
 `hidden` is the decoder stack's output before its final norm (a forward hook on that norm);
 `logits_from_hidden` applies that norm and the image head.
 
-Limitations. The per-step attention runs over the whole allocated cache (prompt + grid + spare), masked,
-rather than over the visible prefix only: exact, but up to ~2x the attention work of a packed cache. The
-custom 4D mask needs attn_implementation "eager" or "sdpa" (flash-attention is refused at construction).
+Limitations. The per-step attention runs over the cache's slots up to the furthest position in the batch
+(prompt + the furthest sample's image offset), masked per row: exact, and no wider than the furthest sample
+needs, but a sample far behind its batch-mates still attends (masked) over their width. The custom 4D mask
+needs attn_implementation "eager" or "sdpa" (flash-attention is refused at construction).
 Checked only on tiny random models (no hub access): the prompt layouts follow the transformers processors'
 image-generation prompts (Janus chat template + BOI; Emu3 "<|image start|>H*W<|image token|>"); pass
 `template=`, `negative_prompt=` or the token ids to change them. `decode_images` maps the VQ decoder's
@@ -59,8 +60,20 @@ def _tokenizer(path: Path | str):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def _first(*values):
-    return next((v for v in values if v is not None), None)
+def _first(*candidates):
+    """The first candidate that is not None; a callable candidate is called only when every earlier one was
+    None, so a fallback (a tokenizer lookup) is not evaluated, and cannot fail, once an id is known."""
+    for c in candidates:
+        v = c() if callable(c) else c
+        if v is not None:
+            return v
+    return None
+
+
+def _tokenizer_id(tok, attr: str) -> int | None:
+    """The id of the tokenizer's special token `attr` (e.g. "boi_token"); None without a tokenizer or that token."""
+    token = getattr(tok, attr, None) if tok is not None else None
+    return None if token is None else tok.convert_tokens_to_ids(token)
 
 
 def _lm_rows(head: torch.nn.Linear, ids: list[int]) -> torch.Tensor:
@@ -94,9 +107,9 @@ class JanusAdapter(HFImageAdapter):
         except OSError:
             gc = None
         gk = getattr(gc, "generation_kwargs", None) or {}
-        boi = _first(kw.pop("boi_id", None), gk.get("boi_token_id"),
-                     tok.convert_tokens_to_ids(tok.boi_token) if tok is not None else None)
-        pad = _first(kw.pop("pad_id", None), getattr(gc, "pad_token_id", None), getattr(tok, "pad_token_id", None))
+        boi = _first(kw.pop("boi_id", None), gk.get("boi_token_id"), lambda: _tokenizer_id(tok, "boi_token"))
+        pad = _first(kw.pop("pad_id", None), getattr(gc, "pad_token_id", None),
+                     lambda: getattr(tok, "pad_token_id", None))
         if boi is None or pad is None:
             raise ValueError(f"{path}: no image-start (boi) or pad token id found; pass boi_id= and pad_id=")
         mean, std = pixel_stats(path)

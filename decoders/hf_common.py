@@ -68,13 +68,15 @@ def pixel_stats(path: Path | str) -> tuple[float, float]:
 
 
 class SlotCache:
-    """Per-layer K/V buffers [R, H, L, Dh]; `slots` [R, S] says where the next forward's entries go."""
+    """Per-layer K/V buffers [R, H, L, Dh]; `slots` [R, S] says where the next forward's entries go, and
+    `visible` how many leading slots its queries may attend to (None: all L)."""
 
     def __init__(self, length: int):
         self.length = length
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
         self.slots: torch.Tensor | None = None
+        self.visible: int | None = None
 
     def grow(self, length: int) -> None:
         """Keep the real slots [0, old - 1) in place; the trash slot moves to the new end."""
@@ -93,7 +95,8 @@ class SlotCache:
         idx = self.slots[:, None, :, None]
         self.k[layer_idx].scatter_(2, idx.expand_as(key_states), key_states)
         self.v[layer_idx].scatter_(2, idx.expand_as(value_states), value_states)
-        return self.k[layer_idx], self.v[layer_idx]
+        T = self.visible or self.length  # attention runs over these keys only (views, no copy)
+        return self.k[layer_idx][:, :, :T], self.v[layer_idx][:, :, :T]
 
 
 class HFImageAdapter:
@@ -125,7 +128,8 @@ class HFImageAdapter:
     def device(self) -> torch.device:
         return next(self.lm.parameters()).device
 
-    def _offset(self, index: torch.Tensor) -> torch.Tensor:
+    def _offset(self, index: torch.Tensor | int) -> torch.Tensor | int:
+        """Image index -> offset of its slot after the prompt (a tensor, or an int for sizes)."""
         if self.line_break_id is None:
             return index
         cols = self.grid[1]
@@ -135,7 +139,7 @@ class HFImageAdapter:
 
     def validate_prompts(self, prompts: list[str]) -> None:
         n = self.grid[0] * self.grid[1]
-        image_len = int(self._offset(torch.tensor(n - 1))) + 2
+        image_len = self._offset(n - 1) + 2
         for i, p in enumerate(prompts):
             if not isinstance(p, str) or not p.strip():
                 raise ValueError(f"prompt {i}: empty prompt ({p!r})")
@@ -151,16 +155,14 @@ class HFImageAdapter:
             ids += [self._uncond_ids(p, i) for p, i in zip(prompts, ids)]
         self._cfg, self._batch = use_cfg, len(prompts)
         R, P = len(ids), max(map(len, ids))
-        tok = torch.zeros(R, P, dtype=torch.long)
-        for r, row in enumerate(ids):
-            tok[r, P - len(row):] = torch.tensor(row)
         dev = self.device
+        tok = torch.tensor([[0] * (P - len(row)) + row for row in ids], dtype=torch.long, device=dev)  # left-padded
         self._P = P
         self._start = torch.tensor([P - len(row) for row in ids], device=dev)
         n = self.grid[0] * self.grid[1]
-        self._cache = SlotCache(P + int(self._offset(torch.tensor(n + self.spare))) + 2)
+        self._cache = SlotCache(P + self._offset(n + self.spare) + 2)
         slots = torch.arange(P, device=dev).expand(R, P)
-        h, pre = self._forward(self._embed_ids(tok.to(dev)), slots, torch.ones_like(slots, dtype=torch.bool))
+        h, pre = self._forward(self._embed_ids(tok), slots, torch.ones_like(slots, dtype=torch.bool))
         return self._split(self._head(h[:, -1:]), pre[:, -1:])
 
     @torch.no_grad()
@@ -197,21 +199,25 @@ class HFImageAdapter:
     # ---------------------------------------------------------------- internals
 
     def _forward(self, embeds: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor):
-        """One forward of entries at per-row slots -> (final-normed, pre-norm) hidden states [R, S, D]."""
+        """One forward of entries at per-row slots -> (final-normed, pre-norm) hidden states [R, S, D].
+
+        Attention runs over slots [0, T), T = the furthest valid entry's slot + 1 (as reference/gpt.py bounds it
+        by the furthest position): later slots lie after every valid query, so they would only be masked. Padding
+        entries are written to the trash slot L - 1 >= T; as queries they see [start, T), never an empty row."""
         cache = self._cache
-        need = int(slots[valid].max()) + 2 if valid.any() else 0
+        need = int(slots[valid].max()) + 2 if valid.any() else 2
         if need > cache.length:
             cache.grow(need + self.spare)
-        L = cache.length
+        L, T = cache.length, need - 1
         slots = torch.where(valid, slots, L - 1)
         start = self._start[:, None]
         pos = torch.where(valid, slots - start, 0)
-        k = torch.arange(L, device=slots.device)
+        k = torch.arange(T, device=slots.device)
         q = slots[..., None]
         vis = (k <= q) & ((k >= start[..., None]) | (k == q))
         mask = torch.zeros(vis.shape, dtype=embeds.dtype, device=embeds.device)
         mask = mask.masked_fill(~vis, torch.finfo(embeds.dtype).min)[:, None]
-        cache.slots = slots
+        cache.slots, cache.visible = slots, T
         out = self.lm(inputs_embeds=embeds, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
         return out.last_hidden_state, self._pre_norm
 

@@ -1,6 +1,6 @@
 """Speculative Jacobi decoding (SJD), and CSD on top of it, with per-sample ragged progress.
 
-One iteration, per sample b with n_b tokens committed (see ../shared/docs/ALGORITHMS.md §1):
+One iteration, per sample b with n_b tokens committed (see docs/algorithms.md §1):
   1. window = [last committed token] + K = L - 1 drafts for indices n_b .. n_b + K - 1;
   2. one forward over the window gives q for each draft and for the bonus position;
   3. `verify` accepts a prefix of the drafts and draws the resampled or bonus token after it;
@@ -29,8 +29,8 @@ from typing import Protocol
 import torch
 
 from .protocol import ImageTokenModel, StepOutput, check_request
-from .sampling import (PositionNoise, SamplingConfig, gumbel_sample, make_generators, processed_probs, sample_from,
-                       uniforms)
+from .sampling import (PositionNoise, SamplingConfig, gumbel_sample, make_generators, model_device, processed_probs,
+                       sample_from, uniforms)
 from .stats import (COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult,
                     SampleStats)
 from .verify import Relaxation, entropy, verify
@@ -71,7 +71,7 @@ def _fresh_drafts(buf: torch.Tensor, start: torch.Tensor, first_new: torch.Tenso
                   init: str, u: torch.Tensor, V: int) -> torch.Tensor:
     """Fill window slots i >= first_new[b] of sample b (index start[b] + i) in place in buf [B, N + K]."""
     B = buf.shape[0]
-    rows = torch.arange(B)
+    rows = torch.arange(B, device=buf.device)
     for i in range(K):
         idx = start + i  # [B]
         fill = (i >= first_new)
@@ -93,47 +93,49 @@ def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
                cfg: SJDConfig = SJDConfig(), drafter: Drafter | None = None) -> DecodeResult:
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
     t0 = time.perf_counter()
-    gens = make_generators(seeds)
+    dev = model_device(model)  # every buffer and generator below lives on it
+    gens = make_generators(seeds, dev)
     B, (rows_, cols) = len(prompts), model.grid
     N, K, V = rows_ * cols, cfg.window - 1, model.n_codes
-    ar = torch.arange(B)
-    gumbel = PositionNoise(gens, N + K + 1, V, span=K + 1) if cfg.coupled else None  # row j: index j
+    ar = torch.arange(B, device=dev)
+    gumbel = PositionNoise(gens, N + K + 1, V, span=K + 1, device=dev) if cfg.coupled else None  # row j: index j
 
-    buf = torch.zeros(B, N + K + 1, dtype=torch.long)  # committed tokens, then the current drafts
-    p_draft = torch.zeros(B, K, V)  # draft distribution of each window slot
-    commit = torch.full((B, N + K + 1), COMMIT_AR, dtype=torch.int8)
-    ent_sum = torch.zeros(B)
-    forwards = torch.ones(B, dtype=torch.long)  # the prefill forward samples token 0
-    hist = torch.zeros(B, K + 2, dtype=torch.long)  # hist[b, m]: forwards that committed m tokens
+    buf = torch.zeros(B, N + K + 1, dtype=torch.long, device=dev)  # committed tokens, then the current drafts
+    p_draft = torch.zeros(B, K, V, device=dev)  # draft distribution of each window slot
+    commit = torch.full((B, N + K + 1), COMMIT_AR, dtype=torch.int8, device=dev)
+    ent_sum = torch.zeros(B, device=dev)
+    forwards = torch.ones(B, dtype=torch.long, device=dev)  # the prefill forward samples token 0
+    hist = torch.zeros(B, K + 2, dtype=torch.long, device=dev)  # hist[b, m]: forwards that committed m tokens
     hist[:, 1] = 1
-    n_drafted, n_accepted, n_relaxed = (torch.zeros(B, dtype=torch.long) for _ in range(3))
-    slots = torch.arange(K + 1)
+    n_drafted, n_accepted, n_relaxed = (torch.zeros(B, dtype=torch.long, device=dev) for _ in range(3))
+    slots = torch.arange(K + 1, device=dev)
+    offsets = slots[:K]  # 0 .. K - 1
 
     out = model.start(prompts, sc.uses_cfg)
     q0 = processed_probs(out.cond[:, -1], None if out.uncond is None else out.uncond[:, -1], sc)  # [B, V]
     buf[:, 0] = sample_from(q0, uniforms(gens, device=q0.device))
     ent_sum += entropy(q0)
-    n = torch.ones(B, dtype=torch.long)  # tokens committed per sample
-    carried = torch.zeros(B, dtype=torch.long)  # how many leading window slots hold carried-over drafts
+    n = torch.ones(B, dtype=torch.long, device=dev)  # tokens committed per sample
+    carried = torch.zeros(B, dtype=torch.long, device=dev)  # how many leading window slots hold carried-over drafts
     u_init = torch.stack([uniforms([g], K)[0] for g in gens])
     if drafter is not None:
         drafter.begin(out)
-        p_draft = drafter.draft(buf, n, torch.full((B,), K), u_init, K)
+        p_draft = drafter.draft(buf, n, torch.full((B,), K, device=dev), u_init, K)
     else:
         buf = _fresh_drafts(buf, n, carried, K, cols, cfg.init, u_init, V)
-        p_draft.zero_().scatter_(2, buf[ar[:, None], n[:, None] + torch.arange(K)].unsqueeze(-1), 1.0)
+        p_draft.zero_().scatter_(2, buf[ar[:, None], n[:, None] + offsets].unsqueeze(-1), 1.0)
 
     while (n < N).any():
         active = n < N
         act = active.nonzero().squeeze(1).tolist()  # who draws randomness this forward
-        idx = (n - 1)[:, None] + torch.arange(K + 1)  # [B, K+1] window indices, may run past N
+        idx = (n - 1)[:, None] + slots  # [B, K+1] window indices, may run past N
         tokens = buf[ar[:, None], idx]
         out = model.step(tokens, idx)
         if drafter is not None:
             drafter.observe(out, idx)
         q = processed_probs(out.cond, out.uncond, sc)  # [B, K+1, V]
         # per-sample randomness, only for samples still decoding: accept K, resample 1, Jacobi K+1, init K
-        u = torch.zeros(B, 3 * K + 2)
+        u = torch.zeros(B, 3 * K + 2, device=dev)
         u[act] = uniforms([gens[b] for b in act], 3 * K + 2)
         u_acc, u_res, u_jac, u_init = u[:, :K], u[:, K], u[:, K + 1:2 * K + 2], u[:, 2 * K + 2:]
         drafts = tokens[:, 1:]  # [B, K]
@@ -165,17 +167,17 @@ def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
         new_n = torch.where(active, (n + n_acc + 1).clamp(max=N), n)
         # ---- next window: carry the Jacobi samples after the commit point, top up with fresh drafts
         shift = n_acc + 1  # window slot j of the next window is slot j + shift of this q / jacobi
-        src = (torch.arange(K)[None, :] + shift[:, None]).clamp(max=K)  # [B, K]
-        carry_ok = (torch.arange(K)[None, :] + shift[:, None]) <= K
+        src = (offsets[None, :] + shift[:, None]).clamp(max=K)  # [B, K]
+        carry_ok = (offsets[None, :] + shift[:, None]) <= K
         carried = carry_ok.sum(1)
-        widx = new_n[:, None] + torch.arange(K)  # [B, K] indices of the next drafts
+        widx = new_n[:, None] + offsets  # [B, K] indices of the next drafts
         new_tok = torch.where(carry_ok, jacobi.gather(1, src), 0)
         buf[ar[:, None], widx] = torch.where(active[:, None], new_tok, buf[ar[:, None], widx])
         q_src = q.gather(1, src.unsqueeze(-1).expand(B, K, V))
         if drafter is not None:
             fresh = torch.where(active, K - carried, 0)
             p_new = drafter.draft(buf, new_n + carried, fresh, u_init, K)  # slot o is window slot carried + o
-            back = (torch.arange(K)[None, :] - carried[:, None]).clamp(min=0)  # [B, K]
+            back = (offsets[None, :] - carried[:, None]).clamp(min=0)  # [B, K]
             fresh_p = p_new.gather(1, back.unsqueeze(-1).expand(B, K, V))
         else:
             buf = _fresh_drafts(buf, new_n, torch.where(active, carried, K), K, cols, cfg.init, u_init, V)
@@ -183,18 +185,27 @@ def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
         p_draft = torch.where(active[:, None, None], torch.where(carry_ok[..., None], q_src, fresh_p), p_draft)
         n = new_n
 
-    elapsed = time.perf_counter() - t0
+    stats = _stats(model.grid, commit[:, :N], hist, forwards, n_accepted, n_drafted, n_relaxed, ent_sum,
+                   (time.perf_counter() - t0) / B,
+                   {"window": cfg.window, "init": cfg.init if drafter is None else "heads", "coupled": cfg.coupled,
+                    "lam": cfg.relax.lam, "delta": cfg.relax.delta})
+    return DecodeResult(buf[:, :N].clone(), stats)
+
+
+def _stats(grid, commit, hist, forwards, n_accepted, n_drafted, n_relaxed, ent_sum, seconds: float,
+           extra: dict) -> list[SampleStats]:
+    """Per-sample statistics from the decoder's counters, copied to the host once (not one sync per value)."""
+    commit, hist, forwards, n_accepted, n_drafted, n_relaxed, ent_sum = (
+        t.cpu() for t in (commit, hist, forwards, n_accepted, n_drafted, n_relaxed, ent_sum))
+    N = grid[0] * grid[1]
     stats = []
-    commit = commit[:, :N].numpy()
-    for b in range(B):
+    for b in range(commit.shape[0]):
         h = hist[b].tolist()
         while len(h) > 2 and h[-1] == 0:
             h.pop()
         stats.append(SampleStats(
             forwards=int(forwards[b]), tokens_per_forward_hist=h,
             acceptance_rate=float(n_accepted[b] / n_drafted[b]) if n_drafted[b] else float("nan"),
-            commit_map=commit[b].reshape(rows_, cols), mean_entropy=float(ent_sum[b] / N),
-            relaxed=int(n_relaxed[b]), seconds=elapsed / B,
-            extra={"window": cfg.window, "init": cfg.init if drafter is None else "heads", "coupled": cfg.coupled,
-                   "lam": cfg.relax.lam, "delta": cfg.relax.delta}))
-    return DecodeResult(buf[:, :N].clone(), stats)
+            commit_map=commit[b].numpy().reshape(grid), mean_entropy=float(ent_sum[b] / N),
+            relaxed=int(n_relaxed[b]), seconds=seconds, extra=dict(extra)))
+    return stats

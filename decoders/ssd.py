@@ -1,6 +1,6 @@
 """Spatially speculative decoding (SSD): 2D block drafting with latent heads, auto-correcting verification.
 
-Per block and sample b, with n_b tokens committed (ALGORITHMS.md §3, SSD seed):
+Per block and sample b, with n_b tokens committed (docs/algorithms.md §3):
   1. Draft the next `rows` raster rows (L_b <= rows * W tokens). Positions with a row above are drafted
      vertically, ĥ(t-1) = V(h(t-1-W), e(x_{t-1-W})), a whole row per wave, chaining V down the block;
      the rest (the first row of the image, or everything with `two_d=False`) horizontally,
@@ -15,7 +15,8 @@ Per block and sample b, with n_b tokens committed (ALGORITHMS.md §3, SSD seed):
      KV is stale.
 Each sample advances by its own amount; KV caches are position-indexed, so re-feeding is the rollback.
 
-`lossless=True` commits only the verified raster prefix: SJD semantics with SSD drafts. It runs the SJD
+`commit="prefix"` commits only the verified raster prefix: SJD semantics with SSD drafts (`lossless=True` is
+this engine without CSD's relaxation; with it, CSD's TV-filtered relaxation applies to every judgement). It runs the SJD
 engine over a sliding window of `rows` rows, whose tail is topped up with the heads' 2D drafts and whose
 other positions carry Gumbel-coupled Jacobi updates (sjd.py): what a block verifies but cannot yet commit
 is kept for the next forward instead of being drafted again. `rounds`, `adaptive` and the token budget
@@ -34,7 +35,7 @@ import torch
 from .ar import decode_ar
 from .cost_curve import best_rows, cost_curve_for
 from .protocol import ImageTokenModel, check_request
-from .sampling import SamplingConfig, make_generators, processed_probs, sample_from, uniforms
+from .sampling import SamplingConfig, make_generators, model_device, processed_probs, sample_from, uniforms
 from .sjd import SJDConfig, decode_sjd
 from .ssd_heads import SpatialHeads
 from .stats import (COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult,
@@ -46,7 +47,8 @@ from .verify import Relaxation, entropy, verify_all
 class SSDConfig:
     rows: int = 2  # rows drafted per block
     rounds: int = 2  # r: auto-correction rounds after the first verification forward
-    lossless: bool = False
+    lossless: bool = False  # the prefix engine (below) without relaxation: exactly the target's distribution
+    commit: str = "block"  # "block": r rounds, then the whole block (lossy); "prefix": the verified prefix only
     two_d: bool = True  # False: horizontal-only drafting (ablation)
     relax: Relaxation = Relaxation()  # CSD acceptance (ssd+csd)
     adaptive: bool = False  # adapt rows per sample and block (AdaptivePolicy); `rows` is then the start
@@ -63,15 +65,21 @@ class SSDConfig:
             raise ValueError(f"token_budget must be an integer >= 0, got {self.token_budget}")
         if not isinstance(self.rounds, int) or not 0 <= self.rounds <= 8:
             raise ValueError(f"rounds must be an integer in [0, 8], got {self.rounds}")
+        if self.commit not in ("block", "prefix"):
+            raise ValueError(f"commit must be 'block' or 'prefix', got {self.commit!r}")
         if self.lossless and self.relax.active:
-            raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0)")
+            raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0); commit=prefix with lam > 0 "
+                             "relaxes the prefix engine")
+        if self.prefix_engine and (self.adaptive or self.calibrated):
+            raise ValueError("the prefix engine (lossless or commit=prefix) slides a fixed window of `rows` rows: "
+                             "adaptive and calibrated are not supported (set them false)")
         if self.calibrated and self.token_budget:
             raise ValueError("calibrated and token_budget both cap the rows: set one (token_budget=0 with "
                              "calibrated=true, or calibrated=false with a budget)")
-        if self.lossless and self.calibrated:
-            raise ValueError("lossless SSD slides a fixed window of `rows` rows: calibrated is not supported")
-        if self.lossless and self.adaptive:
-            raise ValueError("lossless SSD slides a fixed window of `rows` rows: adaptive is not supported")
+
+    @property
+    def prefix_engine(self) -> bool:
+        return self.lossless or self.commit == "prefix"
 
 
 def budget_rows(cfg: SSDConfig, batch: int, W: int) -> int:
@@ -91,14 +99,15 @@ class AdaptivePolicy:
         (cap 0), `decode_ssd` decodes the batch as plain AR, which is what a full device does best.
     The rows chosen are recorded per block in the statistics (block_sizes)."""
 
-    def __init__(self, cfg: SSDConfig, batch: int, W: int, cap: int | None = None):
-        """cap: rows chosen from the device's cost curve (calibrated), overriding the budget's cap."""
+    def __init__(self, cfg: SSDConfig, batch: int, W: int, cap: int | None = None, device: torch.device | str = "cpu"):
+        """cap: rows chosen from the device's cost curve (calibrated), overriding the budget's cap. device: the
+        model's (rows per sample sit with the decoder's other per-sample tensors)."""
         if cap is None:
             cap = cfg.max_rows if cfg.adaptive else cfg.rows
             if cfg.token_budget:
                 cap = max(1, min(cap, budget_rows(cfg, batch, W)))
         self.cap, self.adaptive = cap, cfg.adaptive
-        self.rows = torch.full((batch,), min(cfg.rows, cap), dtype=torch.long)
+        self.rows = torch.full((batch,), min(cfg.rows, cap), dtype=torch.long, device=device)
 
     def update(self, kept_frac: torch.Tensor, norm_entropy: torch.Tensor, active: torch.Tensor) -> None:
         if not self.adaptive:
@@ -135,13 +144,12 @@ class _Drafter:
 
     def draft(self, buf, hb, hbu, n, L, u, buf_len: int):
         """Fill buf[b, n_b:n_b+L_b] with drafts; return their draft distributions p [B, Lmax, V]."""
-        B, V, W = buf.shape[0], self.model.n_codes, self.W
-        n_np, L_np = n.numpy(), L.numpy()
-        wave = self.waves(n_np, L_np)
-        p = torch.zeros(B, buf_len, V)
+        B, V, W, dev = buf.shape[0], self.model.n_codes, self.W, buf.device
+        wave = self.waves(n.cpu().numpy(), L.cpu().numpy())  # the schedule is planned on the host
+        p = torch.zeros(B, buf_len, V, device=dev)
         for w in range(int(wave.max()) + 1):
             bs, os_ = np.nonzero(wave == w)
-            bs_t, os_t = torch.from_numpy(bs), torch.from_numpy(os_)
+            bs_t, os_t = torch.from_numpy(bs).to(dev), torch.from_numpy(os_).to(dev)
             t = n[bs_t] + os_t  # draft positions
             vertical = (t - 1 - W >= 0) & self.two_d
             src = torch.where(vertical, t - 1 - W, t - 2)  # index of the source hidden state
@@ -169,10 +177,11 @@ class _WindowDrafter:
     """The heads as the SJD engine's source of fresh drafts (sjd.Drafter), for lossless SSD."""
 
     def __init__(self, model, heads: SpatialHeads, sc: SamplingConfig, two_d: bool, B: int, size: int):
+        dev = model_device(model)
         self.drafter = _Drafter(model, heads, sc, two_d)
-        self.hb = torch.zeros(B, size, model.hidden_dim)  # slot i + 1: best-known hidden at index i
+        self.hb = torch.zeros(B, size, model.hidden_dim, device=dev)  # slot i + 1: best-known hidden at index i
         self.hbu = torch.zeros_like(self.hb) if sc.uses_cfg else None
-        self.ar = torch.arange(B)
+        self.ar = torch.arange(B, device=dev)
 
     def begin(self, out) -> None:
         self.hb[:, 0] = out.hidden[:, -1]
@@ -189,14 +198,16 @@ class _WindowDrafter:
         return self.drafter.draft(buf, self.hb, self.hbu, start, count, u, K)
 
 
-def _decode_lossless(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> DecodeResult:
+def _decode_prefix(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> DecodeResult:
     W = model.grid[1]
     window = min(64, cfg.rows * W + 1)  # the last committed token + `rows` rows of drafts
     N = model.grid[0] * W
     drafter = _WindowDrafter(model, heads, sc, cfg.two_d, len(prompts), N + window + 2)
-    res = decode_sjd(model, prompts, seeds, sc, SJDConfig(window=window, coupled=True), drafter=drafter)
+    res = decode_sjd(model, prompts, seeds, sc, SJDConfig(window=window, coupled=True, relax=cfg.relax),
+                     drafter=drafter)
     for st in res.stats:
-        st.extra |= {"rows": cfg.rows, "lossless": True, "two_d": cfg.two_d, "block_sizes": [], "rounds_per_block": []}
+        st.extra |= {"rows": cfg.rows, "lossless": not cfg.relax.active, "commit": "prefix", "two_d": cfg.two_d,
+                     "block_sizes": [], "rounds_per_block": [], "lam": cfg.relax.lam, "delta": cfg.relax.delta}
     return res
 
 
@@ -204,8 +215,8 @@ def _decode_lossless(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> Decode
 def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
                heads: SpatialHeads, cfg: SSDConfig = SSDConfig()) -> DecodeResult:
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
-    if cfg.lossless:
-        return _decode_lossless(model, prompts, seeds, sc, heads, cfg)
+    if cfg.prefix_engine:
+        return _decode_prefix(model, prompts, seeds, sc, heads, cfg)
     cap, plan = _plan_rows(model, prompts, sc, cfg)
     if cap == 0:
         res = decode_ar(model, prompts, seeds, sc)  # no headroom: speculation would only add work
@@ -213,21 +224,22 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
             st.extra = {"block_sizes": [], "rounds_per_block": []} | plan
         return res
     t0 = time.perf_counter()
-    gens = make_generators(seeds)
+    dev = model_device(model)  # every buffer and generator below lives on it
+    gens = make_generators(seeds, dev)
     B, (H, W) = len(prompts), model.grid
-    policy = AdaptivePolicy(cfg, B, W, cap if cfg.calibrated else None)
+    policy = AdaptivePolicy(cfg, B, W, cap if cfg.calibrated else None, device=dev)
     N, V, Lmax = H * W, model.n_codes, policy.cap * W
-    ar = torch.arange(B)
+    ar = torch.arange(B, device=dev)
     drafter = _Drafter(model, heads, sc, cfg.two_d)
 
     spare = Lmax + 2
-    buf = torch.zeros(B, N + spare, dtype=torch.long)
-    commit = torch.full((B, N + spare), COMMIT_AR, dtype=torch.int8)
-    hb = torch.zeros(B, N + spare, model.hidden_dim)  # slot i + 1: hidden at index i
+    buf = torch.zeros(B, N + spare, dtype=torch.long, device=dev)
+    commit = torch.full((B, N + spare), COMMIT_AR, dtype=torch.int8, device=dev)
+    hb = torch.zeros(B, N + spare, model.hidden_dim, device=dev)  # slot i + 1: hidden at index i
     hbu = torch.zeros_like(hb) if sc.uses_cfg else None
-    forwards = torch.ones(B, dtype=torch.long)
-    ent_sum = torch.zeros(B)
-    n_drafted, n_accepted, n_relaxed = (torch.zeros(B, dtype=torch.long) for _ in range(3))
+    forwards = torch.ones(B, dtype=torch.long, device=dev)
+    ent_sum = torch.zeros(B, device=dev)
+    n_drafted, n_accepted, n_relaxed = (torch.zeros(B, dtype=torch.long, device=dev) for _ in range(3))
     blocks: list[list[int]] = [[] for _ in range(B)]
     rounds_used: list[list[int]] = [[] for _ in range(B)]
 
@@ -236,32 +248,34 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
     if hbu is not None:
         hbu[:, 0] = out.hidden_uncond[:, -1]
     q0 = processed_probs(out.cond[:, -1], None if out.uncond is None else out.uncond[:, -1], sc)
-    buf[:, 0] = sample_from(q0, uniforms(gens))
+    buf[:, 0] = sample_from(q0, uniforms(gens, device=dev))
     ent_sum += entropy(q0)
-    n = torch.ones(B, dtype=torch.long)  # committed tokens
-    feed = torch.zeros(B, dtype=torch.long)  # first index whose KV is not current
+    n = torch.ones(B, dtype=torch.long, device=dev)  # committed tokens
+    feed = torch.zeros(B, dtype=torch.long, device=dev)  # first index whose KV is not current
+    slot = torch.arange(Lmax, device=dev)[None, :]  # block offsets
+    offs = torch.arange(Lmax + 1, device=dev)[None, :]  # block offsets and the bonus's
 
     while (n < N).any():
         active = n < N
         act = active.nonzero().squeeze(1).tolist()
         L = torch.where(active, torch.minimum(N - n, policy.rows * W), 0)
-        u = torch.zeros(B, Lmax, 3 + 2 * (cfg.rounds + 1))  # draft, then accept/resample per round, bonus
+        u = torch.zeros(B, Lmax, 3 + 2 * (cfg.rounds + 1), device=dev)  # draft, then accept/resample per round, bonus
         u[act] = uniforms([gens[b] for b in act], Lmax, u.shape[-1])
         p = drafter.draft(buf, hb, hbu, n, L, u[:, :, 0], Lmax)  # [B, Lmax, V]
         original = buf[:, :N + spare].clone()
-        slot = torch.arange(Lmax)[None, :]
         in_block = slot < L[:, None]
-        exact_to = torch.zeros(B, dtype=torch.long)  # block offsets < exact_to are exact
+        exact_to = torch.zeros(B, dtype=torch.long, device=dev)  # block offsets < exact_to are exact
         done = ~active
-        q_blk = torch.zeros(B, Lmax + 1, V)
-        relaxed_blk = torch.zeros(B, Lmax, dtype=torch.bool)
-        r_used = torch.zeros(B, dtype=torch.long)
+        q_blk = torch.zeros(B, Lmax + 1, V, device=dev)
+        relaxed_blk = torch.zeros(B, Lmax, dtype=torch.bool, device=dev)
+        r_used = torch.zeros(B, dtype=torch.long, device=dev)
         for rnd in range(cfg.rounds + 1):
             # feed [feed_b, n_b + L_b - 1]; done samples feed one junk token past their block
             start = torch.where(done, n + L + 1, feed)
             end = torch.where(done, n + L + 1, n + L - 1)
             S = int((end - start).max()) + 1
-            idx = start[:, None] + torch.arange(S)[None, :]  # [B, S]; the pad past `end` is junk, never attended
+            # [B, S]; the pad past `end` is junk, never attended
+            idx = start[:, None] + torch.arange(S, device=dev)[None, :]
             out = model.step(buf[ar[:, None], idx.clamp(max=N + spare - 1)], idx)
             forwards += (~done).long()
             r_used += (~done).long()
@@ -273,8 +287,8 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
                     valid[..., None], out.hidden_uncond, hbu[ar[:, None], (idx + 1).clamp(max=N + spare - 1)])
             q = processed_probs(out.cond, out.uncond, sc)  # [B, S, V]: q[:, s] is for index idx[:, s] + 1
             # block offset o needs the output at input index n + o - 1
-            src = (n[:, None] - 1 + torch.arange(Lmax + 1)[None, :] - start[:, None]).clamp(0, S - 1)
-            fresh = (n[:, None] - 1 + torch.arange(Lmax + 1)[None, :] >= start[:, None]) & ~done[:, None]
+            src = (n[:, None] - 1 + offs - start[:, None]).clamp(0, S - 1)
+            fresh = (n[:, None] - 1 + offs >= start[:, None]) & ~done[:, None]
             q_blk = torch.where(fresh[..., None], q.gather(1, src[..., None].expand(-1, -1, V)), q_blk)
             judge = in_block & (slot >= exact_to[:, None]) & ~done[:, None]
             cur = buf[ar[:, None], n[:, None] + slot]
@@ -296,23 +310,24 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
         bonus_ok = converged & (n + L < N)
         ub = u[:, 0, -1]
         bonus = sample_from(q_blk.gather(1, L.view(B, 1, 1).expand(B, 1, V)).squeeze(1), ub)
-        buf[ar, (n + L).clamp(max=N + spare - 1)] = torch.where(bonus_ok, bonus, buf[ar, (n + L).clamp(max=N + spare - 1)])
+        at = (n + L).clamp(max=N + spare - 1)  # the bonus's index
+        buf[ar, at] = torch.where(bonus_ok, bonus, buf[ar, at])
         take = torch.where(active, L, 0)  # tokens committed from the block (lossy)
         changed = buf[:, :N + spare] != original
         kinds = torch.where(changed[ar[:, None], n[:, None] + slot], COMMIT_RESAMPLED,
                             torch.where(relaxed_blk, COMMIT_RELAXED, COMMIT_ACCEPTED)).to(torch.int8)
         pos = (n[:, None] + slot).clamp(max=N + spare - 1)
         commit[ar[:, None], pos] = torch.where(slot < take[:, None], kinds, commit[ar[:, None], pos])
-        commit[ar, (n + L).clamp(max=N + spare - 1)] = torch.where(
-            bonus_ok, torch.tensor(COMMIT_BONUS, dtype=torch.int8), commit[ar, (n + L).clamp(max=N + spare - 1)])
+        commit[ar, at] = torch.where(bonus_ok, torch.tensor(COMMIT_BONUS, dtype=torch.int8, device=dev), commit[ar, at])
         ents = entropy(q_blk[:, :Lmax])
         ent_sum += (ents * (slot < take[:, None])).sum(1) + torch.where(bonus_ok, entropy(q_blk[ar, L]), 0)
         n_drafted += torch.where(active, L, 0)
         n_accepted += ((~changed[ar[:, None], n[:, None] + slot]) & (slot < take[:, None])).sum(1)
         n_relaxed += (relaxed_blk & (slot < take[:, None])).sum(1)
+        L_host, r_host = L.tolist(), r_used.tolist()  # one transfer each, not one per sample
         for b in act:
-            blocks[b].append(int(L[b]))
-            rounds_used[b].append(int(r_used[b]))
+            blocks[b].append(L_host[b])
+            rounds_used[b].append(r_host[b])
         kept = torch.where(active, (~changed[ar[:, None], n[:, None] + slot] & in_block).sum(1), 0)
         h_norm = (ents / math.log(V) * in_block).sum(1) / L.clamp(min=1)
         policy.update(kept / L.clamp(min=1), h_norm, active)
@@ -320,21 +335,28 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
         feed = torch.where(active, torch.where(converged, new_n - 1, feed), feed)
         n = torch.where(active, new_n.clamp(max=N), n)
 
-    elapsed = time.perf_counter() - t0
     _note_forwards_per_block(model, rounds_used)
-    commit_np = commit[:, :N].numpy()
-    stats = []
-    for b in range(B):
-        f = int(forwards[b])
-        stats.append(SampleStats(
-            forwards=f, tokens_per_forward_hist=_hist(blocks[b], rounds_used[b]),
-            acceptance_rate=float(n_accepted[b] / n_drafted[b]) if n_drafted[b] else float("nan"),
-            commit_map=commit_np[b].reshape(H, W), mean_entropy=float(ent_sum[b] / N),
-            relaxed=int(n_relaxed[b]), seconds=elapsed / B,
-            extra={"block_sizes": blocks[b], "rounds_per_block": rounds_used[b], "rows": cfg.rows,
-                   "rounds": cfg.rounds, "lossless": False, "two_d": cfg.two_d, "adaptive": cfg.adaptive,
-                   "lam": cfg.relax.lam, "delta": cfg.relax.delta} | plan))
+    fixed = {"rows": cfg.rows, "rounds": cfg.rounds, "lossless": False, "two_d": cfg.two_d, "adaptive": cfg.adaptive,
+             "lam": cfg.relax.lam, "delta": cfg.relax.delta} | plan
+    stats = _stats(model.grid, commit[:, :N], (forwards, n_accepted, n_drafted, n_relaxed, ent_sum), blocks,
+                   rounds_used, (time.perf_counter() - t0) / B, fixed)
     return DecodeResult(buf[:, :N].clone(), stats)
+
+
+def _stats(grid, commit, counters, blocks: list[list[int]], rounds_used: list[list[int]], seconds: float,
+           fixed: dict) -> list[SampleStats]:
+    """Per-sample statistics; the device counters are copied to the host once, not one sync per value."""
+    commit = commit.cpu().numpy()
+    forwards, n_accepted, n_drafted, n_relaxed, ent_sum = (t.cpu() for t in counters)
+    N, stats = grid[0] * grid[1], []
+    for b in range(commit.shape[0]):
+        stats.append(SampleStats(
+            forwards=int(forwards[b]), tokens_per_forward_hist=_hist(blocks[b], rounds_used[b]),
+            acceptance_rate=float(n_accepted[b] / n_drafted[b]) if n_drafted[b] else float("nan"),
+            commit_map=commit[b].reshape(grid), mean_entropy=float(ent_sum[b] / N),
+            relaxed=int(n_relaxed[b]), seconds=seconds,
+            extra={"block_sizes": blocks[b], "rounds_per_block": rounds_used[b]} | fixed))
+    return stats
 
 
 def _plan_rows(model, prompts, sc: SamplingConfig, cfg: SSDConfig) -> tuple[int, dict]:

@@ -26,6 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from .sampling import model_device
+
 KINDS = ("latent", "token")
 
 
@@ -96,7 +98,8 @@ class SpatialHeads(nn.Module):
 
     @classmethod
     def load(cls, path: Path | str, model) -> "SpatialHeads":
-        """Load heads for `model`; refuse heads trained for another model or of another shape."""
+        """Load heads for `model`, on the model's device; refuse heads trained for another model or of another
+        shape."""
         path = Path(path)
         cfg_path, w_path = path.with_suffix(".json"), path.with_suffix(".safetensors")
         if not cfg_path.exists() or not w_path.exists():
@@ -111,9 +114,11 @@ class SpatialHeads(nn.Module):
         if (cfg.dim, cfg.n_codes, cfg.grid) != (model.hidden_dim, model.n_codes, tuple(model.grid)):
             raise ValueError(f"{cfg_path}: heads are for dim {cfg.dim}, {cfg.n_codes} codes, grid {cfg.grid}; "
                              f"the model has dim {model.hidden_dim}, {model.n_codes} codes, grid {model.grid}")
-        heads = cls(cfg)
+        device = model_device(model)
+        with torch.device(device):  # built where the model lives (its init is overwritten below)
+            heads = cls(cfg)
         try:
-            heads.load_state_dict(load_file(w_path), strict=True)
+            heads.load_state_dict(load_file(w_path, device=str(device)), strict=True)
         except RuntimeError as e:
             raise ValueError(f"{w_path}: weights do not match {cfg_path.name}: {e}") from None
         return heads.eval()

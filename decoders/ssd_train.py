@@ -41,10 +41,11 @@ def teacher_forced(model, prompts: list[str], seeds: list[int], sc: SamplingConf
     """The backbone's own samples and one teacher-forced pass over them: (StepOutput over indices 0..N-2,
     whose hidden [B, N-1, D] at index i gives x_{i+1}; input embeddings e [B, N, E] of all N tokens)."""
     N, B = model.grid[0] * model.grid[1], len(prompts)
-    tokens = decode_ar(model, prompts, seeds, sc).tokens  # [B, N]
+    tokens = decode_ar(model, prompts, seeds, sc).tokens  # [B, N], on the model's device
+    index = torch.arange(N, device=tokens.device).expand(B, N)
     model.start(prompts, sc.uses_cfg)
-    out = model.step(tokens[:, :-1], torch.arange(N - 1).expand(B, N - 1))
-    return out, model.embed(tokens, torch.arange(N).expand(B, N))
+    out = model.step(tokens[:, :-1], index[:, :-1])
+    return out, model.embed(tokens, index)
 
 
 @torch.no_grad()
@@ -75,10 +76,11 @@ def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig()
     cfg = HeadsConfig(dim=model.hidden_dim, emb_dim=e.shape[-1], n_codes=model.n_codes, grid=tuple(model.grid),
                       model=model_fingerprint(model), kind=dc.kind)
     torch.manual_seed(dc.seed)
-    heads = SpatialHeads(cfg)
+    with torch.device(h.device):  # the heads train where the backbone and its hidden states live
+        heads = SpatialHeads(cfg)
     opt = torch.optim.AdamW(heads.parameters(), lr=dc.lr, weight_decay=0.0)
     scale = h.pow(2).mean()
-    gen = torch.Generator().manual_seed(dc.seed)
+    gen = torch.Generator(device=h.device).manual_seed(dc.seed)  # the pairs each step trains on
     # pair index sets: horizontal i in [0, N-3] (target h(i+1) exists), vertical i in [0, N-2-W]
     n_h, n_v = h.shape[1] - 1, h.shape[1] - W
     bar = tqdm(range(dc.steps), desc="heads", unit="step")
@@ -88,15 +90,15 @@ def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig()
             g["lr"] = lr
         losses = {}
         for name, head, n_pos, off, e_off in (("h", heads.horizontal, n_h, 1, 1), ("v", heads.vertical, n_v, W, 0)):
-            m = torch.randint(0, M, (dc.batch,), generator=gen)
-            i = torch.randint(0, n_pos, (dc.batch,), generator=gen)
+            m = torch.randint(0, M, (dc.batch,), generator=gen, device=h.device)
+            i = torch.randint(0, n_pos, (dc.batch,), generator=gen, device=h.device)
             target = h[m, i + off]
             out = head(h[m, i], e[m, i + e_off])
             with torch.no_grad():
                 p_t = F.softmax(model.logits_from_hidden(target), -1)
             logp = F.log_softmax(heads.draft_logits(model, out), -1)
             kl = F.kl_div(logp, p_t, reduction="batchmean")
-            mse = F.mse_loss(out, target) / scale if cfg.kind == "latent" else torch.zeros(())
+            mse = F.mse_loss(out, target) / scale if cfg.kind == "latent" else torch.zeros((), device=out.device)
             losses[name] = mse + dc.kl_weight * kl
         loss = losses["h"] + losses["v"]
         opt.zero_grad(set_to_none=True)

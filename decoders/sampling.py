@@ -15,33 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """How logits become a distribution. temperature 0 means greedy (a one-hot at the arg-max)."""
-
-    cfg_scale: float = 3.0
-    temperature: float = 1.0
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-
-    def __post_init__(self):
-        if not math.isfinite(self.cfg_scale) or self.cfg_scale < 0:
-            raise ValueError(f"cfg_scale must be a finite number >= 0, got {self.cfg_scale}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 1, or 0 for off; got {self.top_k}")
-        if not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def uses_cfg(self) -> bool:
-        return self.cfg_scale != 1.0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from .configs import SamplingConfig  # noqa: F401 - re-exported: the one processed distribution's settings
 
 
 def cfg_mix(cond: torch.Tensor, uncond: torch.Tensor | None, scale: float) -> torch.Tensor:

@@ -28,6 +28,7 @@ from typing import Protocol
 
 import torch
 
+from .configs import INITS, SJDConfig  # noqa: F401 - re-exported
 from .protocol import ImageTokenModel, StepOutput, check_request
 from .sampling import (PositionNoise, SamplingConfig, gumbel_sample, make_generators, model_device, processed_probs,
                        sample_from, uniforms)
@@ -35,21 +36,6 @@ from .stats import (COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, CO
                     SampleStats)
 from .verify import Relaxation, entropy, verify
 
-INITS = ("random", "repeat-left", "repeat-above")
-
-
-@dataclass(frozen=True)
-class SJDConfig:
-    window: int = 16  # L: tokens per forward (the last committed token + L - 1 drafts)
-    init: str = "random"
-    relax: Relaxation = Relaxation()  # lam = 0: lossless SJD; lam > 0: CSD
-    coupled: bool = False  # Jacobi updates by Gumbel-max with fixed per-position noise (see module doc)
-
-    def __post_init__(self):
-        if not isinstance(self.window, int) or not 2 <= self.window <= 64:
-            raise ValueError(f"window must be an integer in [2, 64], got {self.window}")
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
 
 
 class Drafter(Protocol):

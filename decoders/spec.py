@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .sampling import SamplingConfig
+from .configs import DECODER_NAMES, SamplingConfig, decoder_config
 
-FAMILIES = ("ar", "sjd", "csd", "ssd", "ssd+csd")
 SAMPLING_KEYS = {"cfg": "cfg_scale", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p"}
 
 
@@ -44,8 +43,8 @@ class DecodeSpec:
     heads: str | None = None  # SSD heads path (default: the model's own)
 
     def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise ValueError(f"unknown decoder {self.family!r}; choose one of: {', '.join(FAMILIES)}")
+        if self.family not in DECODER_NAMES:
+            raise ValueError(f"unknown decoder {self.family!r}; choose one of: {', '.join(DECODER_NAMES)}")
         object.__setattr__(self, "params", tuple(sorted(self.params)))
         if self.heads is not None and not self.family.startswith("ssd"):
             raise ValueError(f"decoder {self.family!r} takes no heads (only ssd and ssd+csd do)")
@@ -90,7 +89,6 @@ class DecodeSpec:
     # ------------------------------------------------------------------ views
     def config(self):
         """The decoder's typed config (None for ar)."""
-        from . import decoder_config
         return decoder_config(self.family, dict(self.params))
 
     def to_dict(self) -> dict:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .ar import decode_ar
+from .configs import SSDConfig
 from .cost_curve import best_rows, cost_curve_for
 from .protocol import ImageTokenModel, check_request
 from .sampling import SamplingConfig, make_generators, model_device, processed_probs, sample_from, uniforms
@@ -41,45 +42,6 @@ from .ssd_heads import SpatialHeads
 from .stats import (COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult,
                     SampleStats)
 from .verify import Relaxation, entropy, verify_all
-
-
-@dataclass(frozen=True)
-class SSDConfig:
-    rows: int = 2  # rows drafted per block
-    rounds: int = 2  # r: auto-correction rounds after the first verification forward
-    lossless: bool = False  # the prefix engine (below) without relaxation: exactly the target's distribution
-    commit: str = "block"  # "block": r rounds, then the whole block (lossy); "prefix": the verified prefix only
-    two_d: bool = True  # False: horizontal-only drafting (ablation)
-    relax: Relaxation = Relaxation()  # CSD acceptance (ssd+csd)
-    adaptive: bool = False  # adapt rows per sample and block (AdaptivePolicy); `rows` is then the start
-    max_rows: int = 4
-    token_budget: int = 0  # drafted tokens per forward the batch may use (0 = unlimited); see AdaptivePolicy
-    calibrated: bool = False  # cap rows from the device's measured cost curve (decoders/cost_curve.py)
-
-    def __post_init__(self):
-        if not isinstance(self.rows, int) or not 1 <= self.rows <= 4:
-            raise ValueError(f"rows must be an integer in [1, 4], got {self.rows}")
-        if not isinstance(self.max_rows, int) or not self.rows <= self.max_rows <= 4:
-            raise ValueError(f"max_rows must be an integer in [rows, 4], got {self.max_rows}")
-        if not isinstance(self.token_budget, int) or self.token_budget < 0:
-            raise ValueError(f"token_budget must be an integer >= 0, got {self.token_budget}")
-        if not isinstance(self.rounds, int) or not 0 <= self.rounds <= 8:
-            raise ValueError(f"rounds must be an integer in [0, 8], got {self.rounds}")
-        if self.commit not in ("block", "prefix"):
-            raise ValueError(f"commit must be 'block' or 'prefix', got {self.commit!r}")
-        if self.lossless and self.relax.active:
-            raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0); commit=prefix with lam > 0 "
-                             "relaxes the prefix engine")
-        if self.prefix_engine and (self.adaptive or self.calibrated):
-            raise ValueError("the prefix engine (lossless or commit=prefix) slides a fixed window of `rows` rows: "
-                             "adaptive and calibrated are not supported (set them false)")
-        if self.calibrated and self.token_budget:
-            raise ValueError("calibrated and token_budget both cap the rows: set one (token_budget=0 with "
-                             "calibrated=true, or calibrated=false with a budget)")
-
-    @property
-    def prefix_engine(self) -> bool:
-        return self.lossless or self.commit == "prefix"
 
 
 def budget_rows(cfg: SSDConfig, batch: int, W: int) -> int:

@@ -23,30 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .configs import ENTROPY_NORMS, Relaxation  # noqa: F401 - re-exported
 from .sampling import sample_from
 
-ENTROPY_NORMS = ("support", "vocab", "none")
-
-
-@dataclass(frozen=True)
-class Relaxation:
-    """CSD's content-aware relaxation. lam = 0 is the standard, lossless rule."""
-
-    lam: float = 0.0
-    delta: float = 0.0
-    entropy_norm: str = "support"
-
-    def __post_init__(self):
-        if not math.isfinite(self.lam) or self.lam < 0:
-            raise ValueError(f"lam (λ) must be >= 0, got {self.lam}")
-        if not 0 <= self.delta <= 1:
-            raise ValueError(f"delta (δ) must be in [0, 1], got {self.delta}")
-        if self.entropy_norm not in ENTROPY_NORMS:
-            raise ValueError(f"entropy_norm must be one of {ENTROPY_NORMS}, got {self.entropy_norm!r}")
-
-    @property
-    def active(self) -> bool:
-        return self.lam > 0 and self.delta > 0
 
 
 @dataclass

@@ -1,0 +1,167 @@
+"""The decoders' settings as plain frozen dataclasses, with no torch: a driver that only plans, validates and
+records runs (the Prefect flow) imports these and never loads torch. Each config checks its own fields; the
+family table says which parameters each decoder takes and its defaults; `decoder_config` turns a family's
+flat parameters into its typed config.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How logits become a distribution. temperature 0 means greedy (a one-hot at the arg-max)."""
+
+    cfg_scale: float = 3.0
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    def __post_init__(self):
+        if not math.isfinite(self.cfg_scale) or self.cfg_scale < 0:
+            raise ValueError(f"cfg_scale must be a finite number >= 0, got {self.cfg_scale}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 1, or 0 for off; got {self.top_k}")
+        if not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg_scale != 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+ENTROPY_NORMS = ("support", "vocab", "none")
+
+
+@dataclass(frozen=True)
+class Relaxation:
+    """CSD's content-aware relaxation. lam = 0 is the standard, lossless rule."""
+
+    lam: float = 0.0
+    delta: float = 0.0
+    entropy_norm: str = "support"
+
+    def __post_init__(self):
+        if not math.isfinite(self.lam) or self.lam < 0:
+            raise ValueError(f"lam (λ) must be >= 0, got {self.lam}")
+        if not 0 <= self.delta <= 1:
+            raise ValueError(f"delta (δ) must be in [0, 1], got {self.delta}")
+        if self.entropy_norm not in ENTROPY_NORMS:
+            raise ValueError(f"entropy_norm must be one of {ENTROPY_NORMS}, got {self.entropy_norm!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.lam > 0 and self.delta > 0
+
+
+INITS = ("random", "repeat-left", "repeat-above")
+
+
+@dataclass(frozen=True)
+class SJDConfig:
+    window: int = 16  # L: tokens per forward (the last committed token + L - 1 drafts)
+    init: str = "random"
+    relax: Relaxation = Relaxation()  # lam = 0: lossless SJD; lam > 0: CSD
+    coupled: bool = False  # Jacobi updates by Gumbel-max with fixed per-position noise (see module doc)
+
+    def __post_init__(self):
+        if not isinstance(self.window, int) or not 2 <= self.window <= 64:
+            raise ValueError(f"window must be an integer in [2, 64], got {self.window}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+
+
+@dataclass(frozen=True)
+class SSDConfig:
+    rows: int = 2  # rows drafted per block
+    rounds: int = 2  # r: auto-correction rounds after the first verification forward
+    lossless: bool = False  # the prefix engine (below) without relaxation: exactly the target's distribution
+    commit: str = "block"  # "block": r rounds, then the whole block (lossy); "prefix": the verified prefix only
+    two_d: bool = True  # False: horizontal-only drafting (ablation)
+    relax: Relaxation = Relaxation()  # CSD acceptance (ssd+csd)
+    adaptive: bool = False  # adapt rows per sample and block (AdaptivePolicy); `rows` is then the start
+    max_rows: int = 4
+    token_budget: int = 0  # drafted tokens per forward the batch may use (0 = unlimited); see AdaptivePolicy
+    calibrated: bool = False  # cap rows from the device's measured cost curve (decoders/cost_curve.py)
+
+    def __post_init__(self):
+        if not isinstance(self.rows, int) or not 1 <= self.rows <= 4:
+            raise ValueError(f"rows must be an integer in [1, 4], got {self.rows}")
+        if not isinstance(self.max_rows, int) or not self.rows <= self.max_rows <= 4:
+            raise ValueError(f"max_rows must be an integer in [rows, 4], got {self.max_rows}")
+        if not isinstance(self.token_budget, int) or self.token_budget < 0:
+            raise ValueError(f"token_budget must be an integer >= 0, got {self.token_budget}")
+        if not isinstance(self.rounds, int) or not 0 <= self.rounds <= 8:
+            raise ValueError(f"rounds must be an integer in [0, 8], got {self.rounds}")
+        if self.commit not in ("block", "prefix"):
+            raise ValueError(f"commit must be 'block' or 'prefix', got {self.commit!r}")
+        if self.lossless and self.relax.active:
+            raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0); commit=prefix with lam > 0 "
+                             "relaxes the prefix engine")
+        if self.prefix_engine and (self.adaptive or self.calibrated):
+            raise ValueError("the prefix engine (lossless or commit=prefix) slides a fixed window of `rows` rows: "
+                             "adaptive and calibrated are not supported (set them false)")
+        if self.calibrated and self.token_budget:
+            raise ValueError("calibrated and token_budget both cap the rows: set one (token_budget=0 with "
+                             "calibrated=true, or calibrated=false with a budget)")
+
+    @property
+    def prefix_engine(self) -> bool:
+        return self.lossless or self.commit == "prefix"
+
+
+CSD_DEFAULTS = {"lam": 2.0, "delta": 0.9}  # tuned for forwards on 32 eval prompts, see docs/benchmarks.md
+# ssd+csd is the adaptive decoder: block sizes follow content, and their cap follows the device: the rows
+# that maximise expected committed tokens per second on the forward-cost curve the model's device shows at
+# this batch size (decoders/cost_curve.py), with plain AR when that is faster (reported in the stats).
+SSD_CSD_DEFAULTS = {"adaptive": True, "max_rows": 4, "calibrated": True}
+_RELAX = {f.name for f in fields(Relaxation)}
+_SJD = {f.name for f in fields(SJDConfig)} - {"relax"}
+_SSD = {f.name for f in fields(SSDConfig)} - {"relax"}
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a decoder family is: its engine, its parameters, whether CSD relaxes it, its defaults."""
+    engine: str  # "ar", "sjd" or "ssd"
+    params: frozenset
+    relaxed: bool = False
+    defaults: tuple = ()
+
+
+FAMILIES = {
+    "ar": Family("ar", frozenset()),
+    "sjd": Family("sjd", frozenset(_SJD)),
+    "csd": Family("sjd", frozenset(_SJD | _RELAX), relaxed=True, defaults=tuple(CSD_DEFAULTS.items())),
+    "ssd": Family("ssd", frozenset(_SSD)),
+    "ssd+csd": Family("ssd", frozenset(_SSD | _RELAX), relaxed=True,
+                      defaults=tuple((CSD_DEFAULTS | SSD_CSD_DEFAULTS).items())),
+}
+DECODER_NAMES = tuple(FAMILIES)
+
+
+def decoder_config(name: str, params: dict | None = None):
+    """Flat params -> the decoder's typed config (None for ar). Raises ValueError naming the parameter."""
+    fam = FAMILIES.get(name)
+    if fam is None:
+        raise ValueError(f"unknown decoder {name!r}; choose one of: {', '.join(DECODER_NAMES)}")
+    params = dict(params or {})
+    params.pop("heads", None)  # where the heads are, not how to decode: DecodeSpec.heads
+    unknown = sorted(set(params) - fam.params)
+    if unknown:
+        raise ValueError(f"decoder {name!r} has no parameter(s) {unknown}; it takes {sorted(fam.params) or 'none'}")
+    if fam.engine == "ar":
+        return None
+    params = dict(fam.defaults) | params
+    relax = Relaxation(**{k: params.pop(k) for k in list(params) if k in _RELAX}) if fam.relaxed else Relaxation()
+    return (SSDConfig if fam.engine == "ssd" else SJDConfig)(relax=relax, **params)
+
+

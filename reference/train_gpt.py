@@ -2,9 +2,9 @@
 
 Resuming continues bit-identically to an uninterrupted run: every step draws its batch and its CFG
 dropout from a generator seeded by (seed, step), so there is no data-order state to carry, and the
-checkpoint holds the model, AdamW's moments and step counts exactly. A checkpoint is one safetensors
-file (tensors plus a JSON metadata string), written to a temporary name and renamed, so a run killed
-mid-write leaves the previous checkpoint intact.
+checkpoint holds the model, AdamW's moments and step counts exactly: two safetensors files (tensors plus a
+JSON metadata string) in a folder per checkpoint, which a pointer file names once both are written, so a
+run killed mid-write leaves the previous checkpoint intact.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from . import captions as cap
 from .gpt import GPT, GPTConfig
 from .train_data import TokenizedSet
 
-CKPT = "gpt-checkpoint.safetensors"
+LATEST, MODEL_FILE, ADAM_FILE = "latest", "gpt.safetensors", "adamw.safetensors"
 
 
 @dataclass(frozen=True)
@@ -72,28 +73,39 @@ def batch_for_step(data: TokenizedSet, tc: GPTTrainConfig, step: int, device: to
 
 # --------------------------------------------------------------------------- checkpoints
 
-def save_checkpoint(path: Path, gpt: GPT, opt: torch.optim.Optimizer, state: dict) -> None:
-    tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in gpt.state_dict().items()}
-    for i, s in opt.state_dict()["state"].items():
-        for k, v in s.items():
-            tensors[f"opt.{i}.{k}"] = torch.as_tensor(v).detach().contiguous().cpu()
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, tmp, metadata={"state": json.dumps(state)})
-    os.replace(tmp, path)
+def save_checkpoint(work: Path, gpt: GPT, opt: torch.optim.Optimizer, state: dict) -> None:
+    """work/checkpoint-{step}/ holds the weights and AdamW's state as two safetensors files (each well under
+    the size a repository takes comfortably); `work/latest` names the newest complete one, replaced only once
+    both files are written, so a run killed mid-save resumes from the previous checkpoint."""
+    folder = work / f"checkpoint-{state['step']:06d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"state": json.dumps(state)}
+    save_file({k: v.detach().contiguous().cpu() for k, v in gpt.state_dict().items()}, folder / MODEL_FILE, meta)
+    adam = {f"{i}.{k}": torch.as_tensor(v).detach().contiguous().cpu()
+            for i, s in opt.state_dict()["state"].items() for k, v in s.items()}
+    save_file(adam, folder / ADAM_FILE, meta)
+    tmp = work / "latest.tmp"
+    tmp.write_text(folder.name)
+    os.replace(tmp, work / LATEST)
+    for old in work.glob("checkpoint-*"):
+        if old != folder:
+            shutil.rmtree(old, ignore_errors=True)
 
 
-def load_checkpoint(path: Path, gpt: GPT, opt: torch.optim.Optimizer, tc: GPTTrainConfig) -> dict:
+def load_checkpoint(work: Path, gpt: GPT, opt: torch.optim.Optimizer, tc: GPTTrainConfig) -> dict:
     from safetensors import safe_open
-    with safe_open(path, "pt") as f:
+    folder = work / (work / LATEST).read_text().strip()
+    with safe_open(folder / MODEL_FILE, "pt") as f:
         state = json.loads(f.metadata()["state"])
     if state["config"] != json.loads(json.dumps(tc.to_dict())):
-        raise ValueError(f"{path}: checkpoint was written with other training settings; "
+        raise ValueError(f"{folder}: checkpoint was written with other training settings; "
                          f"start afresh without --resume or use its settings")
-    tensors = load_file(path, device=str(next(gpt.parameters()).device))
-    gpt.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=True)
+    device = str(next(gpt.parameters()).device)
+    gpt.load_state_dict(load_file(folder / MODEL_FILE, device=device), strict=True)
+    adam = load_file(folder / ADAM_FILE, device=device)
     sd = opt.state_dict()
-    for i in sd["state"].keys() | {int(k.split(".")[1]) for k in tensors if k.startswith("opt.")}:
-        sd["state"][i] = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
+    for i in {int(k.split(".")[0]) for k in adam}:
+        sd["state"][i] = {k.split(".", 1)[1]: v for k, v in adam.items() if k.split(".")[0] == str(i)}
     opt.load_state_dict(sd)
     return state
 
@@ -114,9 +126,9 @@ def train_gpt(data: TokenizedSet, tc: GPTTrainConfig, work: Path, resume: bool =
     # train_seconds is wall time; cpu_seconds the process's CPU time (all threads), which other work on the
     # machine does not inflate
     state = {"step": 0, "train_seconds": 0.0, "cpu_seconds": 0.0, "curve": [], "config": tc.to_dict()}
-    if resume and (work / CKPT).exists():
-        state = load_checkpoint(work / CKPT, gpt, opt, tc)
-        print(f"resumed from {work / CKPT} at step {state['step']}", flush=True)
+    if resume and (work / LATEST).exists():
+        state = load_checkpoint(work, gpt, opt, tc)
+        print(f"resumed from {work} at step {state['step']}", flush=True)
     stop = min(tc.steps, until_step if until_step is not None else tc.steps)
     last_save, t_start, seconds0 = time.time(), time.time(), state["train_seconds"]
     c_start, cpu0 = time.process_time(), state["cpu_seconds"]
@@ -144,6 +156,6 @@ def train_gpt(data: TokenizedSet, tc: GPTTrainConfig, work: Path, resume: bool =
             t_start, seconds0 = time.time(), state["train_seconds"]
             c_start, cpu0 = time.process_time(), state["cpu_seconds"]
         if at_eval or time.time() - last_save > 60 * tc.checkpoint_minutes or step + 1 == stop:
-            save_checkpoint(work / CKPT, gpt, opt, state)
+            save_checkpoint(work, gpt, opt, state)
             last_save = time.time()
     return gpt.eval(), state

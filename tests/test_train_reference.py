@@ -23,6 +23,8 @@ def test_resume_continues_bit_identically(tmp_path):
     whole = train_reference(tmp_path / "a", TINY, tmp_path / "work-a")
     part = train_reference(tmp_path / "b", TINY, tmp_path / "work-b", until_step=3)
     assert part["steps_done"] == 3 and not (tmp_path / "b").exists()  # no bundle from an unfinished run
+    folders = sorted(p.name for p in (tmp_path / "work-b").glob("checkpoint-*"))
+    assert folders == ["checkpoint-000003"] == [(tmp_path / "work-b" / "latest").read_text()]
     rest = train_reference(tmp_path / "b", TINY, tmp_path / "work-b", resume=True)
     assert whole["steps_done"] == rest["steps_done"] == 6
     a, b = load_file(tmp_path / "a" / "gpt.safetensors"), load_file(tmp_path / "b" / "gpt.safetensors")

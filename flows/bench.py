@@ -36,11 +36,15 @@ from decoders.spec import DecodeSpec, common_sampling
 
 class ForwardCounter:
     """Counts the model calls a decoder makes: prefills (`start`) and forwards (`step`), with the rows fed
-    (CFG's doubled batch included) and the query tokens per row. Wraps the instance's methods while active."""
+    (CFG's doubled batch included) and the query tokens per row. Wraps the instance's methods while active.
+
+    While `recording`, each call is also appended to `trace` as [rows, tokens per row, context length]: the
+    forward shapes a decoder produced, which flows/shape_replay.py replays on bigger models."""
 
     def __init__(self, model):
         self.model = model
         self.prefills = self.prefill_tokens = self.steps = self.step_rows = self.step_tokens = 0
+        self.recording, self.trace = False, []
 
     def __enter__(self):
         m = self.model
@@ -53,6 +57,8 @@ class ForwardCounter:
             rows = len(prompts) * (2 if use_cfg else 1)
             self.prefill_tokens += rows * _prompt_len(m)
             self._cfg_factor = 2 if use_cfg else 1
+            if self.recording:
+                self.trace.append([rows, _prompt_len(m), _prompt_len(m)])
             return out
 
         def counted_step(tokens, index):
@@ -60,6 +66,8 @@ class ForwardCounter:
             f = getattr(self, "_cfg_factor", 1)
             self.step_rows += tokens.shape[0] * f
             self.step_tokens += tokens.numel() * f
+            if self.recording:  # the furthest position fed bounds the attention's width
+                self.trace.append([tokens.shape[0] * f, tokens.shape[1], _prompt_len(m) + int(index.max()) + 1])
             return step(tokens, index)
 
         m.start, m.step = counted_start, counted_step
@@ -94,6 +102,7 @@ def speed_row(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], bat
         t0 = time.perf_counter()
         for i in range(0, len(prompts), batch_size):
             tb = time.perf_counter()
+            fc.recording = i == 0  # the first batch's forward shapes, for the shape replay
             res = run(spec, model, prompts[i:i + batch_size], seeds[i:i + batch_size])
             _sync(model)
             latencies += [time.perf_counter() - tb] * len(res.stats)  # a sample is done when its batch is
@@ -113,7 +122,8 @@ def speed_row(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], bat
             "batches": batches, "forwards_per_batch": (fc.prefills + fc.steps) / batches,
             "rows_per_forward": fc.step_rows / max(1, fc.steps),
             "tokens_fed_per_forward": fc.step_tokens / max(1, fc.step_rows),
-            "prefill_tokens_per_image": fc.prefill_tokens / len(prompts)}
+            "prefill_tokens_per_image": fc.prefill_tokens / len(prompts),
+            "trace": {"batch": min(batch_size, len(prompts)), "forwards": fc.trace}}
 
 
 def model_info(model) -> dict:

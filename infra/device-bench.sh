@@ -16,13 +16,23 @@
 # bench fits ~5 minutes; if it still overruns, a minimal bench (n 8, batches 1 and 64, no quality) runs.
 #
 # Overrides (for a dry run of the script on a CPU, or another size): BENCH_DEVICE (cuda), BENCH_N, BENCH_QN,
-# BENCH_BATCHES (1,4,16,64), e.g. BENCH_DEVICE=cpu BENCH_N=1 BENCH_QN=0 BENCH_BATCHES=1,2 infra/device-bench.sh /tmp/o cpu
+# BENCH_BATCHES (1,4,16,64), BENCH_MODEL (a --model spec, e.g. reference:/path/to/tiny), e.g. BENCH_DEVICE=cpu BENCH_N=1 BENCH_QN=0 BENCH_BATCHES=1,2 infra/device-bench.sh /tmp/o cpu
 #
-# Writes: OUTDIR/bench.json, OUTDIR/bench.html, OUTDIR/calibration.json (projection vs measured on this GPU),
-# OUTDIR/env.txt, OUTDIR/probe.json, OUTDIR/probe.log, OUTDIR/bench.log.
+# Shape replay: the forward shapes each decoder produced on the trained reference model (the bench's traces)
+# are replayed on random-weight Janus-Pro-1B- and 7B-shaped models in bf16 (flows/shape_replay.py): measured
+# images/s per decoder and batch at the trace's 16x16 grid, and the roofline projection's error against them.
+# `--tiny` runs everything on the CPU with tiny shapes (the test suite does), producing the same files.
+#
+# Writes: OUTDIR/bench.json, OUTDIR/bench.html, OUTDIR/replay.json, OUTDIR/replay.log, OUTDIR/calibration.json
+# (projection vs measured on this GPU), OUTDIR/env.txt, OUTDIR/probe.json, OUTDIR/probe.log, OUTDIR/bench.log.
 set -euo pipefail
 
-OUT=${1:?usage: infra/device-bench.sh OUTDIR [DEVICE_TYPE]}
+TINY=0
+if [ "${1:-}" = "--tiny" ]; then  # a CPU check of the whole script: tiny shapes, one prompt, no quality
+    TINY=1; shift
+    export BENCH_DEVICE=cpu BENCH_N=${BENCH_N:-1} BENCH_QN=0 BENCH_BATCHES=${BENCH_BATCHES:-1,2}
+fi
+OUT=${1:?usage: infra/device-bench.sh [--tiny] OUTDIR [DEVICE_TYPE]}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
@@ -60,6 +70,7 @@ fi
 # 3. device type from the GPU's name ------------------------------------------------------------------------
 GPU=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)
 DT=${2:-}
+[ "$TINY" = 1 ] && DT=${DT:-cpu}
 if [ -z "$DT" ]; then
     case "$GPU" in
         *H200*) DT=h200 ;;
@@ -82,7 +93,7 @@ cat "$OUT/env.txt"
 # 4. probe: every decoder once on CUDA (smoke test + timing), then size the bench ----------------------------
 say "probe"
 "$PY" - "$OUT" "$DEV" <<'EOF' 2> >(tee "$OUT/probe.log" >&2)
-import json, sys, time, traceback
+import json, os, sys, time, traceback
 import torch
 from decoders import decode
 from decoders.sampling import SamplingConfig
@@ -90,7 +101,7 @@ from reference.prompts import eval_prompts
 from workers.models import load_model
 out, dev = sys.argv[1], sys.argv[2]
 sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
-m = load_model(None, device=dev)
+m = load_model(os.environ.get("BENCH_MODEL") or None, device=dev)
 sc = SamplingConfig(cfg_scale=3.0)
 prompts = [r["prompt"] for r in eval_prompts(2)]
 ok, secs = [], {}
@@ -123,15 +134,22 @@ say "bench: decoders $DECODERS, n $N, quality_n $QN, device type $DT"
 # 5. the bench ---------------------------------------------------------------------------------------------
 bench() {
     timeout "$1" "$PY" -m flows.cli bench --device "$DEV" --device-type "$DT" --decoders "$DECODERS" --n "$2" \
+        ${BENCH_MODEL:+--model "$BENCH_MODEL"} \
         --batch-sizes "$3" --quality-n "$4" --fidelity-n "${BENCH_FIDELITY_N:-0}" --json "$OUT/bench.json" --html "$OUT/bench.html" 2>&1 | tee -a "$OUT/bench.log"
     return "${PIPESTATUS[0]}"
 }
-if ! bench 330 "$N" "$BATCHES" "$QN"; then
+if ! bench 330 "$N" "$BATCHES" "$QN" && [ "$TINY" = 0 ]; then
     say "full bench failed or overran 330 s; running the minimal one (n 8, batches 1 and 64, no quality)"
     bench 90 8 1,64 0
 fi
 
-# 6. the projection's method checked on this GPU (its bandwidth and FLOP/s measured here) -------------------
+# 6. shape replay: the forward shapes each decoder produced above, timed on Janus-Pro-1B/7B-shaped models --
+say "shape replay"
+if [ "$TINY" = 1 ]; then REPLAY=(--tiny --device cpu); else REPLAY=(--device "$DEV" --accelerator "$DT"); fi
+timeout 200 "$PY" -m flows.shape_replay "$OUT/bench.json" "$OUT/replay.json" --budget-s 150 "${REPLAY[@]}" \
+    2>&1 | tee "$OUT/replay.log" || say "shape replay failed or overran (see replay.log)"
+
+# 7. the projection's method checked on this GPU (its bandwidth and FLOP/s measured here) -------------------
 say "projection check"
 "$PY" -m flows.projection "$OUT/bench.json" --out "$OUT/calibration.json" --device "$DEV" 2>&1 | tee "$OUT/calibration.log" || true
 say "done: $(find "$OUT" -maxdepth 1 -type f -printf '%f ')"

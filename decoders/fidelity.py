@@ -52,8 +52,12 @@ def bootstrap_ci(values: np.ndarray, level: float = 0.95, n_boot: int = 10_000, 
     """Percentile bootstrap interval of stat(values) (values [n] or [n, k]: resampled along rows)."""
     values = np.asarray(values, dtype=np.float64)
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(values), size=(n_boot, len(values)))
-    boots = np.array([stat(values[i]) for i in idx]) if stat is not np.mean else values[idx].mean(axis=1)
+    chunk = max(1, 4_000_000 // max(1, len(values)))  # resamples drawn a chunk at a time: memory stays bounded
+    boots = []
+    for start in range(0, n_boot, chunk):
+        idx = rng.integers(0, len(values), size=(min(chunk, n_boot - start), len(values)))
+        boots.append(values[idx].mean(axis=1) if stat is np.mean else np.array([stat(values[i]) for i in idx]))
+    boots = np.concatenate(boots)
     a = (1 - level) / 2
     lo, hi = np.quantile(boots, [a, 1 - a])
     return float(lo), float(hi)

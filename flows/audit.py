@@ -34,8 +34,8 @@ AUDIT_SCHEMA = pa.schema([
     ("ar_seed", pa.int64()), ("ar_nll_per_token", pa.float64()), ("forwards", pa.int32()),
     ("ar_forwards", pa.int32()), ("audit_seconds", pa.float64()),
 ])
-# A bootstrap draws n_boot x n indices at once (decoders.fidelity.bootstrap_ci): cap their number so a large
-# audit does not need gigabytes for its interval; a percentile interval is stable well before 10,000 draws.
+# A bootstrap costs n_boot x n draws: cap them so a large audit's interval takes seconds, not minutes; a
+# percentile interval is stable well before 10,000 resamples.
 MAX_BOOT_INDICES = 20_000_000
 
 

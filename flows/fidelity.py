@@ -83,13 +83,13 @@ def compare(dec: dict, ref: dict, control: dict | None, prompts: list[str], judg
            "fd_to_ar": None, "fd_noise_floor": None}
     if judge is not None:
         from reference.fd import frechet_distance
-        f_ref = ref.setdefault("features", judge.features(ref["images"]))
-        row["fd_to_ar"] = frechet_distance(judge.features(dec["images"]), f_ref)
+        for s in (ref, control, dec):  # each set's features and judgements once, however many rows use them
+            if s is not None and "features" not in s:
+                s["features"], s["columns"] = judge.features(s["images"]), judge.columns(s["images"], prompts)
+        row["fd_to_ar"] = frechet_distance(dec["features"], ref["features"])
         if control is not None:
-            row["fd_noise_floor"] = frechet_distance(control.setdefault("features", judge.features(
-                control["images"])), f_ref)
-        a = judge.columns(dec["images"], prompts)
-        b = ref.setdefault("columns", judge.columns(ref["images"], prompts))
+            row["fd_noise_floor"] = frechet_distance(control["features"], ref["features"])
+        a, b = dec["columns"], ref["columns"]
         ones = np.ones(len(prompts))
         row["scene_accuracy_delta"] = ratio_gap(a["scene"], b["scene"], ones)
         row["object_accuracy_delta"] = ratio_gap(a["objects"], b["objects"], a["named"])

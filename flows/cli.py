@@ -379,6 +379,26 @@ def bench_scaling_cmd(sides: str = typer.Option("8,16,32", help="grid sides n"),
         json_path.write_text(json.dumps(res, indent=1))
 
 
+@app.command("bench-scale")
+@friendly
+def bench_scale_cmd(n: int = typer.Option(200_000, help="prompts"),
+                    shard_size: int = typer.Option(10, help="rows per shard"),
+                    actors: int = typer.Option(2, help="Ray actors"), batch_size: int = 16,
+                    decoder: str = DECODER, plot: Optional[Path] = typer.Option(None, "--plot", help="RSS plot (PNG)"),
+                    json_path: Optional[Path] = typer.Option(None, "--json"),
+                    workdir: Optional[str] = typer.Option(None, help="where inputs and output go (kept); default a "
+                                                                       "temporary folder, removed after")):
+    """Orchestration at scale: the flow over N prompts with a tiny model (decoding costs almost nothing); wall
+    time, images/s, per-shard overhead, actor utilisation, and the driver's and actors' peak memory."""
+    from flows.bench_scale import brief, dump, run
+    res = run(n=n, shard_size=shard_size, actors=actors, batch_size=batch_size, decoder=str(_spec(decoder)),
+              plot=str(plot) if plot else None, workdir=workdir, log=typer.echo)
+    typer.echo(brief(res))
+    if json_path:
+        dump(res, str(json_path))
+        typer.echo(f"wrote {json_path}")
+
+
 from flows import cli_reference  # noqa: E402,F401  (registers the reference-model commands on `app`)
 
 

@@ -38,6 +38,7 @@ import datetime as dt
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 DEFAULT_PRICES: Path = Path(__file__).resolve().parents[1] / "infra" / "prices.csv"
 
@@ -186,34 +187,63 @@ def _close(a: float | None, b: float | None) -> bool:
     return math.isclose(a, b, rel_tol=RECONCILE_RTOL, abs_tol=1e-15)
 
 
-def run_summary(records: list[dict], price: Price, wall_s: float) -> dict:
-    """Flat, JSON-able summary of a run from its shard records (see module docstring)."""
+class _ExactSum:
+    """math.fsum's result over values fed one at a time (Shewchuk's partials), so a summary streams over its
+    records instead of holding a list of per-shard costs."""
+
+    def __init__(self):
+        self.partials: list[float] = []
+
+    def add(self, x: float) -> None:
+        i = 0
+        for y in self.partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                self.partials[i] = lo
+                i += 1
+            x = hi
+        self.partials[i:] = [x]
+
+    def value(self) -> float:
+        return math.fsum(self.partials)
+
+
+def run_summary(records: Iterable[dict], price: Price, wall_s: float) -> dict:
+    """Flat, JSON-able summary of a run from its shard records (see module docstring). One pass over
+    `records`, which may be a generator: a run's markers are streamed from storage, never held."""
     wall_s = float(wall_s)
     if not math.isfinite(wall_s) or wall_s < 0:
         raise ValueError(f"wall_s must be a finite number >= 0, got {wall_s!r}")
-    ok = failed = 0
+    ok = failed = shards = 0
     dev_alloc = dev_busy = dev_load = 0.0
+    spot = price.spot_usd_per_hour
+    sum_od, sum_spot = _ExactSum(), (None if spot is None else _ExactSum())
     for r in records:
         f = {k: _field(r, k) for k in RECORD_KEYS}
+        shards += 1
         ok += int(f["ok"])
         failed += int(f["failed"])
         dev_alloc += f["device_seconds_allocated"]
         dev_busy += f["device_seconds_busy"]
         dev_load += f["load_s"] * f["devices"]
+        c = shard_cost(r, price)  # the per-shard costs, summed exactly, check the totals below
+        sum_od.add(c["usd_on_demand"])
+        if sum_spot is not None:
+            sum_spot.add(c["usd_spot"])
 
-    spot = price.spot_usd_per_hour
-    # Totals from summed device-seconds x price ...
+    # Totals from summed device-seconds x price, checked against the sum of per-shard costs.
     usd_od = dev_alloc * price.on_demand_usd_per_hour / 3600.0
     usd_spot = None if spot is None else dev_alloc * spot / 3600.0
-    # ... checked against the sum of per-shard costs.
-    per_shard = [shard_cost(r, price) for r in records]
-    sum_od = math.fsum(c["usd_on_demand"] for c in per_shard)
-    sum_spot = None if spot is None else math.fsum(c["usd_spot"] for c in per_shard)
+    sum_od = sum_od.value()
+    sum_spot = None if sum_spot is None else sum_spot.value()
 
     utilization = _ratio(dev_busy, dev_alloc)
     k_images = ok / 1000.0
     return {
-        "shards": len(records),
+        "shards": shards,
         "images_ok": ok,
         "images_failed": failed,
         "wall_s": wall_s,

@@ -12,6 +12,10 @@ Data files go under attempt-unique keys, so a retry never overwrites what anothe
 rename, and a half-written object must never look done). The marker names the exact files, their row counts
 and SHA-256, and is written create-only: the first attempt to commit wins, later ones are garbage. Readers
 and resume trust only marked shards; `gc` deletes unmarked attempts at the end of a run.
+
+A run may have millions of shards, so nothing here holds every marker at once: `committed_ids` reads only
+the marker *names* (one listing), `iter_markers` streams the markers in shard order in chunks, and the
+manifest is written from that stream (`write_manifest` takes any iterable of markers).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import io
 import json
 import posixpath
 import uuid
+from typing import Iterable, Iterator
 
 import fsspec
 import pyarrow as pa
@@ -41,6 +46,17 @@ STATS_SCHEMA = pa.schema([
     ("relaxed", pa.int32()), ("block_sizes", pa.list_(pa.int32())), ("rounds_per_block", pa.list_(pa.int32())),
     ("latency_s", pa.float64()), ("device_seconds", pa.float64()),
 ])
+
+
+MANIFEST_SCHEMA = pa.schema([
+    ("shard", pa.int64()), ("attempt", pa.string()), ("rows", pa.int64()), ("ok", pa.int64()), ("failed", pa.int64()),
+    ("images_url", pa.string()), ("stats_url", pa.string()), ("images_sha256", pa.string()),
+    ("stats_sha256", pa.string()), ("audit_url", pa.string())])
+
+
+def _shard_of(path: str) -> int:
+    """The shard id in a marker's or an attempt folder's path: .../shards/{id}/{name}."""
+    return int(path.rstrip("/").split("/")[-2])
 
 
 class ConfigMismatch(ValueError):
@@ -124,50 +140,111 @@ class Output:
             self.fs.pipe_file(p, data)
             return True
 
-    def committed(self) -> dict[int, dict]:
-        """shard id -> marker, for every committed shard."""
-        paths = self.fs.glob(self.path("shards", "*", MARKER))
-        out = {}
-        for p, data in self.fs.cat(paths).items() if paths else []:
-            m = json.loads(data)
-            out[int(m["shard"])] = m
-        return out
+    def marker_paths(self) -> list[str]:
+        """Every commit marker's path, in shard order (by the id in the path, numerically)."""
+        return sorted(self.fs.glob(self.path("shards", "*", MARKER)), key=_shard_of)
 
-    def gc(self, committed: dict[int, dict]) -> int:
-        """Delete attempt folders that no marker names (crashed or losing attempts). Returns how many."""
-        keep = {posixpath.dirname(f["path"]) for m in committed.values() for f in m["files"]}
-        removed = 0
+    def committed_ids(self, n_shards: int) -> bytearray:
+        """flags[i] == 1 when shard i is committed: from the markers' names alone, one byte per shard."""
+        flags = bytearray(n_shards)
+        for p in self.marker_paths():
+            i = _shard_of(p)
+            if i < n_shards:
+                flags[i] = 1
+        return flags
+
+    def iter_markers(self, chunk: int = 512) -> Iterator[dict]:
+        """The commit markers in shard order, read `chunk` at a time: memory is one chunk, not the run."""
+        paths = self.marker_paths()
+        for i in range(0, len(paths), chunk):
+            data = self.fs.cat(paths[i:i + chunk])
+            for p in sorted(data, key=_shard_of):
+                yield json.loads(data[p])
+
+    def committed(self) -> dict[int, dict]:
+        """shard id -> marker, for every committed shard. Holds them all: for tools and tests, not the flow."""
+        return {int(m["shard"]): m for m in self.iter_markers()}
+
+    def gc(self, committed: dict[int, dict] | None = None) -> int:
+        """Delete attempt folders of committed shards that their marker does not name (crashed or losing
+        attempts). Returns how many. Without `committed`, only shards with more than one attempt folder have
+        their marker read: a committed shard's single folder is the one its marker names."""
+        by_shard: dict[int, list[str]] = {}
         for d in self.fs.glob(self.path("shards", "*", "attempt-*")):
-            rel = posixpath.relpath(d, self.root)
-            shard = int(rel.split("/")[1])
-            if shard in committed and rel not in keep:
-                self.fs.rm(d, recursive=True)
-                removed += 1
+            by_shard.setdefault(_shard_of(d), []).append(d)
+        removed = 0
+        for shard, dirs in sorted(by_shard.items()):
+            if committed is not None:
+                marker = committed.get(shard)
+            elif len(dirs) > 1 and self.fs.exists(p := posixpath.join(self.shard_dir(shard), MARKER)):
+                marker = json.loads(self.fs.cat_file(p))
+            else:
+                continue
+            if marker is None:
+                continue
+            keep = {posixpath.dirname(f["path"]) for f in marker["files"]}
+            for d in dirs:
+                if posixpath.relpath(d, self.root) not in keep:
+                    self.fs.rm(d, recursive=True)
+                    removed += 1
         return removed
 
-    def write_manifest(self, committed: dict[int, dict]) -> str:
-        rows = []
-        for sid in sorted(committed):
-            m = committed[sid]
-            files = {posixpath.basename(f["path"]).split(".")[0]: f for f in m["files"]}
-            rows.append({"shard": sid, "attempt": m["attempt"], "rows": m["rows"], "ok": m["ok"],
-                         "failed": m["failed"],
-                         "images_url": self.full_url(self.path(files["images"]["path"])),
-                         "stats_url": self.full_url(self.path(files["stats"]["path"])),
-                         "images_sha256": files["images"]["sha256"], "stats_sha256": files["stats"]["sha256"],
-                         # null for a run without --audit
-                         "audit_url": self.full_url(self.path(files["audit"]["path"])) if "audit" in files else None})
-        table = pa.Table.from_pylist(rows, schema=pa.schema([
-            ("shard", pa.int64()), ("attempt", pa.string()), ("rows", pa.int64()), ("ok", pa.int64()),
-            ("failed", pa.int64()), ("images_url", pa.string()), ("stats_url", pa.string()),
-            ("images_sha256", pa.string()), ("stats_sha256", pa.string()), ("audit_url", pa.string())]))
-        self.write_table(self.path(MANIFEST), table)
-        return self.full_url(self.path(MANIFEST))
+    def manifest_writer(self) -> "ManifestWriter":
+        return ManifestWriter(self)
+
+    def write_manifest(self, markers: dict[int, dict] | Iterable[dict]) -> str:
+        """One row per committed shard, from a dict (shard -> marker) or a stream of markers in shard order."""
+        if isinstance(markers, dict):
+            markers = (markers[k] for k in sorted(markers))
+        w = self.manifest_writer()
+        for m in markers:
+            w.add(m)
+        return w.close()
 
     def write_summary(self, summary: dict) -> str:
         self._parent(self.path(SUMMARY))
         self.fs.pipe_file(self.path(SUMMARY), json.dumps(summary, indent=1, sort_keys=True).encode())
         return self.full_url(self.path(SUMMARY))
+
+
+class ManifestWriter:
+    """manifest.parquet built from markers fed one at a time (in shard order), in row batches: the rows of a
+    run are never all in memory as Python objects. One PUT at `close`."""
+
+    BATCH = 4096
+
+    def __init__(self, out: Output):
+        self.out = out
+        self.buf = io.BytesIO()
+        self.writer = pq.ParquetWriter(self.buf, MANIFEST_SCHEMA, compression="zstd")
+        self.rows: list[dict] = []
+
+    def add(self, m: dict) -> None:
+        out = self.out
+        files = {posixpath.basename(f["path"]).split(".")[0]: f for f in m["files"]}
+        self.rows.append({
+            "shard": m["shard"], "attempt": m["attempt"], "rows": m["rows"], "ok": m["ok"], "failed": m["failed"],
+            "images_url": out.full_url(out.path(files["images"]["path"])),
+            "stats_url": out.full_url(out.path(files["stats"]["path"])),
+            "images_sha256": files["images"]["sha256"], "stats_sha256": files["stats"]["sha256"],
+            # null for a run without --audit
+            "audit_url": out.full_url(out.path(files["audit"]["path"])) if "audit" in files else None})
+        if len(self.rows) >= self.BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        self.writer.write_table(pa.Table.from_pylist(self.rows, schema=MANIFEST_SCHEMA))
+        self.rows = []
+
+    def close(self) -> str:
+        """Write the manifest; returns its URL."""
+        if self.rows:
+            self._flush()
+        self.writer.close()
+        p = self.out.path(MANIFEST)
+        self.out._parent(p)
+        self.out.fs.pipe_file(p, self.buf.getvalue())
+        return self.out.full_url(p)
 
 
 def _link_create(path: str, data: bytes) -> bool:

@@ -139,8 +139,9 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     src = tmp_path / "p.parquet"
     _write(None, src, _prompts(2))
     _run(prompts=[str(src)], out=str(tmp_path / "run"), shard_size=2, batch_size=2, actors=1)
-    with pytest.raises(ConfigMismatch, match="top_k"):
-        _run(prompts=[str(src)], out=str(tmp_path / "run"), shard_size=2, batch_size=2, actors=1, top_k=5)
+    with pytest.raises(ConfigMismatch, match="top_k=5"):  # the recorded decode spec differs
+        _run(prompts=[str(src)], out=str(tmp_path / "run"), shard_size=2, batch_size=2, actors=1,
+             decoder="ar:top_k=5")
 
 
 def test_output_reads_with_pandas_polars_duckdb_and_ray_data(tmp_path):

@@ -72,6 +72,7 @@ class DecodeWorker:
         self.sc = self.decoding.sampling
         self.load_s = time.perf_counter() - t0
         self.reported_load = False
+        self.where = {"pid": os.getpid(), "node_id": _node_id(), "device": self.device}
 
     def info(self) -> dict:
         return {"pid": os.getpid(), "node_id": _node_id(), "device": self.device, "load_s": self.load_s,
@@ -97,7 +98,9 @@ class DecodeWorker:
 
     def decode(self, rows: list[dict], tag: dict | None = None) -> dict:
         """rows: [{prompt_id, prompt, seed, error[, audit_seed]}] -> {"samples": [...], "busy_s": float,
-        "audit": [...], "audit_s": float}; busy_s leaves out the audit (see `_audit`).
+        "audit": [...], "audit_s": float, "load_s": float, "worker": {pid, node_id, device}}; busy_s leaves out
+        the audit (see `_audit`). load_s is this incarnation's model load on its first batch, else 0, and
+        `worker` says where it ran: the flow needs no extra call per shard to learn either.
 
         Each sample: prompt_id, status ("ok" | "error"), error, png, width, height, tokens, stats (a flat
         dict, see decoders.stats.SampleStats.to_row), latency_s."""
@@ -132,7 +135,8 @@ class DecodeWorker:
         self._sync()
         busy = time.perf_counter() - t0  # the audit below is not the images' work: it is timed on its own
         audit, audit_s = self._audit(rows, out)
-        return {"samples": [out[r["prompt_id"]] for r in rows], "busy_s": busy, "audit": audit, "audit_s": audit_s}
+        return {"samples": [out[r["prompt_id"]] for r in rows], "busy_s": busy, "audit": audit, "audit_s": audit_s,
+                "load_s": self.take_load_seconds(), "worker": self.where}
 
     def _audit(self, rows: list[dict], out: dict) -> tuple[list[dict], float]:
         """Audit the decoded rows the flow marked with an `audit_seed` (flows.audit): the target's NLL per token

@@ -10,8 +10,6 @@ sample's tokens do not depend on which other samples share its batch.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 
 import torch
 
@@ -41,6 +39,12 @@ def processed_probs(cond: torch.Tensor, uncond: torch.Tensor | None, sc: Samplin
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return torch.softmax(logits, dim=-1)
+
+
+def next_probs(out, sc: SamplingConfig) -> torch.Tensor:
+    """The processed distribution of the token after each sample's last fed position: a `StepOutput`'s logits
+    [B, S, V] -> [B, V] (AR's step, and every decoder's prefill)."""
+    return processed_probs(out.cond[:, -1], None if out.uncond is None else out.uncond[:, -1], sc)
 
 
 def model_device(model) -> torch.device:

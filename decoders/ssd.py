@@ -5,7 +5,7 @@ Per block and sample b, with n_b tokens committed (docs/algorithms.md §3):
      vertically, ĥ(t-1) = V(h(t-1-W), e(x_{t-1-W})), a whole row per wave, chaining V down the block;
      the rest (the first row of the image, or everything with `two_d=False`) horizontally,
      ĥ(t-1) = H(ĥ(t-2), e(x_{t-1})). Drafts are sampled from the processed distribution of the model's own
-     norm + head applied to ĥ (both CFG branches), so p is known exactly.
+     norm + head applied to ĥ (both CFG branches), so p is known exactly (drafters.HeadsDrafter).
   2. Verify with up to r + 1 forwards (r auto-correction rounds). Each forward judges every position not yet
      exact: keep the draft or resample it from norm(max(0, q - p)) (verify_all). Everything before the first
      rejection, and the resampled first rejection itself, is now exact; the next round re-feeds from that
@@ -32,15 +32,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .ar import decode_ar
+from .ar import decode_ar, prefill
 from .configs import SSDConfig
 from .cost_curve import best_rows, cost_curve_for
+from .drafters import Drafter, HeadsDrafter
 from .protocol import ImageTokenModel, check_request
 from .sampling import SamplingConfig, make_generators, model_device, processed_probs, sample_from, uniforms
 from .sjd import SJDConfig, decode_sjd
 from .ssd_heads import SpatialHeads
-from .stats import (COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult,
-                    SampleStats)
+from .stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult, Tally
 from .verify import Relaxation, entropy, verify_all
 
 
@@ -80,91 +80,12 @@ class AdaptivePolicy:
         self.rows = torch.where(active, (self.rows + step).clamp(1, self.cap), self.rows)
 
 
-class _Drafter:
-    """Drafts a block per sample with the heads; hb[b, i + 1] holds the best-known hidden state at index i
-    (h(-1) = the prompt's last position), conditional and unconditional."""
-
-    def __init__(self, model, heads: SpatialHeads, sc: SamplingConfig, two_d: bool):
-        self.model, self.heads, self.sc, self.two_d = model, heads, sc, two_d
-        self.W = model.grid[1]
-
-    def waves(self, n: np.ndarray, L: np.ndarray) -> np.ndarray:
-        """[B, Lmax] wave index of each block position (-1 = none); a wave's inputs come from earlier waves."""
-        B, Lmax, W = len(n), max(1, int(L.max())), self.W
-        wave = np.full((B, Lmax), -1)
-        for b in range(B):
-            w = {}
-            for o in range(L[b]):
-                t = n[b] + o
-                if self.two_d and t - 1 - W >= 0:
-                    deps = (t - W, t - 1 - W)  # producers of ĥ(t-1-W) and of x_{t-1-W}
-                else:
-                    deps = (t - 1,)  # producer of ĥ(t-2) and x_{t-1}
-                w[t] = 1 + max(w.get(d, -1) for d in deps)  # committed producers count as wave -1
-                wave[b, o] = w[t]
-        return wave
-
-    def draft(self, buf, hb, hbu, n, L, u, buf_len: int):
-        """Fill buf[b, n_b:n_b+L_b] with drafts; return their draft distributions p [B, Lmax, V]."""
-        B, V, W, dev = buf.shape[0], self.model.n_codes, self.W, buf.device
-        wave = self.waves(n.cpu().numpy(), L.cpu().numpy())  # the schedule is planned on the host
-        p = torch.zeros(B, buf_len, V, device=dev)
-        for w in range(int(wave.max()) + 1):
-            bs, os_ = np.nonzero(wave == w)
-            bs_t, os_t = torch.from_numpy(bs).to(dev), torch.from_numpy(os_).to(dev)
-            t = n[bs_t] + os_t  # draft positions
-            vertical = (t - 1 - W >= 0) & self.two_d
-            src = torch.where(vertical, t - 1 - W, t - 2)  # index of the source hidden state
-            tok_at = torch.where(vertical, t - 1 - W, t - 1)  # index of the source token
-            head = (self.heads.vertical, self.heads.horizontal)
-            e = self.model.embed(buf[bs_t, tok_at][None], tok_at[None])[0]  # [P, E]
-            out_c = torch.where(vertical[:, None], head[0](hb[bs_t, src + 1], e), head[1](hb[bs_t, src + 1], e))
-            # ĥ(t - 1), at slot t. Token heads (the ablation) predict no hidden state: a chained draft reuses
-            # its source's hidden state with the new token's embedding.
-            latent = self.heads.cfg.kind == "latent"
-            hb[bs_t, t] = out_c if latent else hb[bs_t, src + 1]
-            logits_u = None
-            if hbu is not None:
-                out_u = torch.where(vertical[:, None], head[0](hbu[bs_t, src + 1], e),
-                                    head[1](hbu[bs_t, src + 1], e))
-                hbu[bs_t, t] = out_u if latent else hbu[bs_t, src + 1]
-                logits_u = self.heads.draft_logits(self.model, out_u)
-            probs = processed_probs(self.heads.draft_logits(self.model, out_c), logits_u, self.sc)  # [P, V]
-            buf[bs_t, t] = sample_from(probs, u[bs_t, os_t])
-            p[bs_t, os_t] = probs
-        return p
-
-
-class _WindowDrafter:
-    """The heads as the SJD engine's source of fresh drafts (sjd.Drafter), for lossless SSD."""
-
-    def __init__(self, model, heads: SpatialHeads, sc: SamplingConfig, two_d: bool, B: int, size: int):
-        dev = model_device(model)
-        self.drafter = _Drafter(model, heads, sc, two_d)
-        self.hb = torch.zeros(B, size, model.hidden_dim, device=dev)  # slot i + 1: best-known hidden at index i
-        self.hbu = torch.zeros_like(self.hb) if sc.uses_cfg else None
-        self.ar = torch.arange(B, device=dev)
-
-    def begin(self, out) -> None:
-        self.hb[:, 0] = out.hidden[:, -1]
-        if self.hbu is not None:
-            self.hbu[:, 0] = out.hidden_uncond[:, -1]
-
-    def observe(self, out, idx: torch.Tensor) -> None:
-        slot = (idx + 1).clamp(max=self.hb.shape[1] - 1)  # [B, S]
-        self.hb[self.ar[:, None], slot] = out.hidden
-        if self.hbu is not None:
-            self.hbu[self.ar[:, None], slot] = out.hidden_uncond
-
-    def draft(self, buf, start, count, u, K: int) -> torch.Tensor:
-        return self.drafter.draft(buf, self.hb, self.hbu, start, count, u, K)
-
-
 def _decode_prefix(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> DecodeResult:
+    """Lossless SSD / commit=prefix: the SJD engine over a window of `rows` rows, topped up by the heads."""
     W = model.grid[1]
     window = min(64, cfg.rows * W + 1)  # the last committed token + `rows` rows of drafts
     N = model.grid[0] * W
-    drafter = _WindowDrafter(model, heads, sc, cfg.two_d, len(prompts), N + window + 2)
+    drafter = HeadsDrafter(model, heads, sc, cfg.two_d, len(prompts), N + window + 2)
     res = decode_sjd(model, prompts, seeds, sc, SJDConfig(window=window, coupled=True, relax=cfg.relax),
                      drafter=drafter)
     for st in res.stats:
@@ -176,6 +97,8 @@ def _decode_prefix(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> DecodeRe
 @torch.no_grad()
 def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
                heads: SpatialHeads, cfg: SSDConfig = SSDConfig()) -> DecodeResult:
+    """SSD with `heads`: the block decoder below, or the prefix engine (decode_sjd with the heads as drafter),
+    or plain AR when the plan leaves no rows to speculate with."""
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
     if cfg.prefix_engine:
         return _decode_prefix(model, prompts, seeds, sc, heads, cfg)
@@ -190,135 +113,132 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
     gens = make_generators(seeds, dev)
     B, (H, W) = len(prompts), model.grid
     policy = AdaptivePolicy(cfg, B, W, cap if cfg.calibrated else None, device=dev)
-    N, V, Lmax = H * W, model.n_codes, policy.cap * W
-    ar = torch.arange(B, device=dev)
-    drafter = _Drafter(model, heads, sc, cfg.two_d)
-
-    spare = Lmax + 2
-    buf = torch.zeros(B, N + spare, dtype=torch.long, device=dev)
-    commit = torch.full((B, N + spare), COMMIT_AR, dtype=torch.int8, device=dev)
-    hb = torch.zeros(B, N + spare, model.hidden_dim, device=dev)  # slot i + 1: hidden at index i
-    hbu = torch.zeros_like(hb) if sc.uses_cfg else None
-    forwards = torch.ones(B, dtype=torch.long, device=dev)
-    ent_sum = torch.zeros(B, device=dev)
-    n_drafted, n_accepted, n_relaxed = (torch.zeros(B, dtype=torch.long, device=dev) for _ in range(3))
-    blocks: list[list[int]] = [[] for _ in range(B)]
-    rounds_used: list[list[int]] = [[] for _ in range(B)]
-
-    out = model.start(prompts, sc.uses_cfg)
-    hb[:, 0] = out.hidden[:, -1]
-    if hbu is not None:
-        hbu[:, 0] = out.hidden_uncond[:, -1]
-    q0 = processed_probs(out.cond[:, -1], None if out.uncond is None else out.uncond[:, -1], sc)
-    buf[:, 0] = sample_from(q0, uniforms(gens, device=dev))
-    ent_sum += entropy(q0)
+    N, Lmax = H * W, policy.cap * W
+    size = N + Lmax + 2  # index slots: the image, a block running past its end, the bonus's and a junk slot
+    drafter = HeadsDrafter(model, heads, sc, cfg.two_d, B, size)
+    tally = Tally(B, size, dev)
+    buf = torch.zeros(B, size, dtype=torch.long, device=dev)  # committed tokens, then the block's drafts
+    out, buf[:, 0] = prefill(model, prompts, sc, gens, tally)
+    drafter.begin(out)
     n = torch.ones(B, dtype=torch.long, device=dev)  # committed tokens
     feed = torch.zeros(B, dtype=torch.long, device=dev)  # first index whose KV is not current
-    slot = torch.arange(Lmax, device=dev)[None, :]  # block offsets
-    offs = torch.arange(Lmax + 1, device=dev)[None, :]  # block offsets and the bonus's
-
     while (n < N).any():
         active = n < N
-        act = active.nonzero().squeeze(1).tolist()
-        L = torch.where(active, torch.minimum(N - n, policy.rows * W), 0)
-        u = torch.zeros(B, Lmax, 3 + 2 * (cfg.rounds + 1), device=dev)  # draft, then accept/resample per round, bonus
+        act = active.nonzero().squeeze(1).tolist()  # who draws randomness this block
+        L = torch.where(active, torch.minimum(N - n, policy.rows * W), 0)  # [B] block lengths
+        # per sample and block offset: draft, then accept / resample per round, bonus (offset 0's last)
+        u = torch.zeros(B, Lmax, 3 + 2 * (cfg.rounds + 1), device=dev)
         u[act] = uniforms([gens[b] for b in act], Lmax, u.shape[-1])
-        p = drafter.draft(buf, hb, hbu, n, L, u[:, :, 0], Lmax)  # [B, Lmax, V]
-        original = buf[:, :N + spare].clone()
-        in_block = slot < L[:, None]
-        exact_to = torch.zeros(B, dtype=torch.long, device=dev)  # block offsets < exact_to are exact
-        done = ~active
-        q_blk = torch.zeros(B, Lmax + 1, V, device=dev)
-        relaxed_blk = torch.zeros(B, Lmax, dtype=torch.bool, device=dev)
-        r_used = torch.zeros(B, dtype=torch.long, device=dev)
+        p = drafter.draft(buf, n, torch.zeros_like(n), L, u[:, :, 0])  # [B, Lmax, V]
+        original = buf.clone()  # the drafts: a committed token that differs from its draft was resampled
+        blk = _Block.start(n, L, p, feed)
         for rnd in range(cfg.rounds + 1):
-            # feed [feed_b, n_b + L_b - 1]; done samples feed one junk token past their block
-            start = torch.where(done, n + L + 1, feed)
-            end = torch.where(done, n + L + 1, n + L - 1)
-            S = int((end - start).max()) + 1
-            # [B, S]; the pad past `end` is junk, never attended
-            idx = start[:, None] + torch.arange(S, device=dev)[None, :]
-            out = model.step(buf[ar[:, None], idx.clamp(max=N + spare - 1)], idx)
-            forwards += (~done).long()
-            r_used += (~done).long()
-            valid = (idx <= end[:, None]) & ~done[:, None]
-            hb[ar[:, None], (idx + 1).clamp(max=N + spare - 1)] = torch.where(
-                valid[..., None], out.hidden, hb[ar[:, None], (idx + 1).clamp(max=N + spare - 1)])
-            if hbu is not None:
-                hbu[ar[:, None], (idx + 1).clamp(max=N + spare - 1)] = torch.where(
-                    valid[..., None], out.hidden_uncond, hbu[ar[:, None], (idx + 1).clamp(max=N + spare - 1)])
-            q = processed_probs(out.cond, out.uncond, sc)  # [B, S, V]: q[:, s] is for index idx[:, s] + 1
-            # block offset o needs the output at input index n + o - 1
-            src = (n[:, None] - 1 + offs - start[:, None]).clamp(0, S - 1)
-            fresh = (n[:, None] - 1 + offs >= start[:, None]) & ~done[:, None]
-            q_blk = torch.where(fresh[..., None], q.gather(1, src[..., None].expand(-1, -1, V)), q_blk)
-            judge = in_block & (slot >= exact_to[:, None]) & ~done[:, None]
-            cur = buf[ar[:, None], n[:, None] + slot]
-            ua = u[:, :, 1 + 2 * rnd]
-            ur = u[:, :, 2 + 2 * rnd]
-            new, rejected, relaxed = verify_all(cur, p, q_blk[:, :Lmax], judge, ua, ur, cfg.relax)
-            buf[ar[:, None], n[:, None] + slot] = torch.where(in_block, new, cur)
-            relaxed_blk |= relaxed
-            p = torch.where(judge[..., None], q_blk[:, :Lmax], p)  # judged tokens are now samples from q
-            first = torch.where(rejected.any(1), rejected.float().argmax(1), L)  # first rejection, or L
-            newly_done = ~done & (first >= L)
-            exact_to = torch.where(~done, torch.minimum(first + 1, L), exact_to)
-            feed = torch.where(~done, n + first, feed)  # re-feed from the first rejection
-            done = done | newly_done
-            if done.all():
+            _round(model, sc, cfg.relax, drafter, buf, blk, tally, u[:, :, 1 + 2 * rnd], u[:, :, 2 + 2 * rnd])
+            if blk.done.all():
                 break
-        # ---- commit
-        converged = active & done & (exact_to >= L)  # the last forward rejected nothing: a bonus exists
-        bonus_ok = converged & (n + L < N)
-        ub = u[:, 0, -1]
-        bonus = sample_from(q_blk.gather(1, L.view(B, 1, 1).expand(B, 1, V)).squeeze(1), ub)
-        at = (n + L).clamp(max=N + spare - 1)  # the bonus's index
-        buf[ar, at] = torch.where(bonus_ok, bonus, buf[ar, at])
-        take = torch.where(active, L, 0)  # tokens committed from the block (lossy)
-        changed = buf[:, :N + spare] != original
-        kinds = torch.where(changed[ar[:, None], n[:, None] + slot], COMMIT_RESAMPLED,
-                            torch.where(relaxed_blk, COMMIT_RELAXED, COMMIT_ACCEPTED)).to(torch.int8)
-        pos = (n[:, None] + slot).clamp(max=N + spare - 1)
-        commit[ar[:, None], pos] = torch.where(slot < take[:, None], kinds, commit[ar[:, None], pos])
-        commit[ar, at] = torch.where(bonus_ok, torch.tensor(COMMIT_BONUS, dtype=torch.int8, device=dev), commit[ar, at])
-        ents = entropy(q_blk[:, :Lmax])
-        ent_sum += (ents * (slot < take[:, None])).sum(1) + torch.where(bonus_ok, entropy(q_blk[ar, L]), 0)
-        n_drafted += torch.where(active, L, 0)
-        n_accepted += ((~changed[ar[:, None], n[:, None] + slot]) & (slot < take[:, None])).sum(1)
-        n_relaxed += (relaxed_blk & (slot < take[:, None])).sum(1)
-        L_host, r_host = L.tolist(), r_used.tolist()  # one transfer each, not one per sample
-        for b in act:
-            blocks[b].append(L_host[b])
-            rounds_used[b].append(r_host[b])
-        kept = torch.where(active, (~changed[ar[:, None], n[:, None] + slot] & in_block).sum(1), 0)
-        h_norm = (ents / math.log(V) * in_block).sum(1) / L.clamp(min=1)
-        policy.update(kept / L.clamp(min=1), h_norm, active)
-        new_n = n + take + bonus_ok.long()
-        feed = torch.where(active, torch.where(converged, new_n - 1, feed), feed)
-        n = torch.where(active, new_n.clamp(max=N), n)
+        n, feed = _commit(blk, buf, original, u[:, 0, -1], tally, policy, N)
 
-    _note_forwards_per_block(model, rounds_used)
+    _note_forwards_per_block(model, tally.rounds)
     fixed = {"rows": cfg.rows, "rounds": cfg.rounds, "lossless": False, "two_d": cfg.two_d, "adaptive": cfg.adaptive,
              "lam": cfg.relax.lam, "delta": cfg.relax.delta} | plan
-    stats = _stats(model.grid, commit[:, :N], (forwards, n_accepted, n_drafted, n_relaxed, ent_sum), blocks,
-                   rounds_used, (time.perf_counter() - t0) / B, fixed)
-    return DecodeResult(buf[:, :N].clone(), stats)
+    return DecodeResult(buf[:, :N].clone(), tally.stats(model.grid, (time.perf_counter() - t0) / B, fixed))
 
 
-def _stats(grid, commit, counters, blocks: list[list[int]], rounds_used: list[list[int]], seconds: float,
-           fixed: dict) -> list[SampleStats]:
-    """Per-sample statistics; the device counters are copied to the host once, not one sync per value."""
-    commit = commit.cpu().numpy()
-    forwards, n_accepted, n_drafted, n_relaxed, ent_sum = (t.cpu() for t in counters)
-    N, stats = grid[0] * grid[1], []
-    for b in range(commit.shape[0]):
-        stats.append(SampleStats(
-            forwards=int(forwards[b]), tokens_per_forward_hist=_hist(blocks[b], rounds_used[b]),
-            acceptance_rate=float(n_accepted[b] / n_drafted[b]) if n_drafted[b] else float("nan"),
-            commit_map=commit[b].reshape(grid), mean_entropy=float(ent_sum[b] / N),
-            relaxed=int(n_relaxed[b]), seconds=seconds,
-            extra={"block_sizes": blocks[b], "rounds_per_block": rounds_used[b]} | fixed))
-    return stats
+@dataclass
+class _Block:
+    """One block's verification state, per sample (docs/algorithms.md §3, steps 2 and 3)."""
+    n: torch.Tensor  # [B] tokens committed before the block: its first index
+    L: torch.Tensor  # [B] its length (0 for a finished sample)
+    p: torch.Tensor  # [B, Lmax, V] what each position's current token was drawn from
+    q: torch.Tensor  # [B, Lmax + 1, V] the latest target distribution at each offset, and the bonus's
+    feed: torch.Tensor  # [B] the next forward feeds from this index (its KV onwards is stale)
+    exact_to: torch.Tensor  # [B] offsets < exact_to are exact
+    done: torch.Tensor  # [B] bool: no further round (converged, or not decoding)
+    relaxed: torch.Tensor  # [B, Lmax] bool: kept only thanks to CSD's relaxation
+    rounds: torch.Tensor  # [B] forwards spent on the block
+
+    @classmethod
+    def start(cls, n: torch.Tensor, L: torch.Tensor, p: torch.Tensor, feed: torch.Tensor) -> "_Block":
+        """A freshly drafted block: nothing exact yet, finished samples (L = 0) already done."""
+        B, Lmax, V = p.shape
+        return cls(n=n, L=L, p=p, q=torch.zeros(B, Lmax + 1, V, device=p.device), feed=feed,
+                   exact_to=torch.zeros_like(n), done=L == 0,
+                   relaxed=torch.zeros(B, Lmax, dtype=torch.bool, device=p.device), rounds=torch.zeros_like(n))
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        return torch.arange(self.p.shape[1], device=self.n.device)[None, :]  # [1, Lmax]
+
+    @property
+    def in_block(self) -> torch.Tensor:
+        return self.offsets < self.L[:, None]  # [B, Lmax]
+
+
+def _round(model: ImageTokenModel, sc: SamplingConfig, relax: Relaxation, drafter: Drafter, buf: torch.Tensor,
+           blk: _Block, tally: Tally, ua: torch.Tensor, ur: torch.Tensor) -> None:
+    """One verification forward of the block (ua, ur [B, Lmax]: accept and resample uniforms): feed
+    [feed_b, n_b + L_b - 1], judge every position not yet exact, keep each draft or resample it (verify_all)."""
+    n, L, done, slot, V = blk.n, blk.L, blk.done, blk.offsets, blk.q.shape[-1]
+    rows = torch.arange(len(n), device=n.device)[:, None]
+    # done samples feed one junk token past their block
+    start = torch.where(done, n + L + 1, blk.feed)
+    end = torch.where(done, n + L + 1, n + L - 1)
+    S = int((end - start).max()) + 1
+    idx = start[:, None] + torch.arange(S, device=n.device)[None, :]  # [B, S]; the pad past `end` is junk
+    out = model.step(buf[rows, idx.clamp(max=buf.shape[1] - 1)], idx)
+    tally.forwards += (~done).long()
+    blk.rounds += (~done).long()
+    drafter.observe(out, idx, (idx <= end[:, None]) & ~done[:, None])
+    q = processed_probs(out.cond, out.uncond, sc)  # [B, S, V]: q[:, s] is for index idx[:, s] + 1
+    # block offset o needs the output at input index n + o - 1
+    offs = torch.arange(blk.q.shape[1], device=n.device)[None, :]  # block offsets and the bonus's
+    src = (n[:, None] - 1 + offs - start[:, None]).clamp(0, S - 1)
+    fresh = (n[:, None] - 1 + offs >= start[:, None]) & ~done[:, None]
+    blk.q = torch.where(fresh[..., None], q.gather(1, src[..., None].expand(-1, -1, V)), blk.q)
+    q_blk = blk.q[:, :slot.shape[1]]  # [B, Lmax, V]
+    judge = blk.in_block & (slot >= blk.exact_to[:, None]) & ~done[:, None]
+    cur = buf[rows, n[:, None] + slot]  # [B, Lmax]
+    new, rejected, relaxed = verify_all(cur, blk.p, q_blk, judge, ua, ur, relax)
+    buf[rows, n[:, None] + slot] = torch.where(blk.in_block, new, cur)
+    blk.relaxed |= relaxed
+    blk.p = torch.where(judge[..., None], q_blk, blk.p)  # judged tokens are now samples from q
+    first = torch.where(rejected.any(1), rejected.float().argmax(1), L)  # first rejection, or L
+    newly_done = ~done & (first >= L)
+    blk.exact_to = torch.where(~done, torch.minimum(first + 1, L), blk.exact_to)
+    blk.feed = torch.where(~done, n + first, blk.feed)  # re-feed from the first rejection
+    blk.done = done | newly_done
+
+
+def _commit(blk: _Block, buf: torch.Tensor, original: torch.Tensor, ub: torch.Tensor, tally: Tally,
+            policy: "AdaptivePolicy", N: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Commit the block (lossy), with a bonus token where the last round rejected nothing; record it; let the
+    policy adapt the rows. ub [B]: the bonus uniforms. -> (committed tokens [B], the next feed index [B])."""
+    n, L, slot, V = blk.n, blk.L, blk.offsets, blk.q.shape[-1]
+    rows = torch.arange(len(n), device=n.device)
+    active = L > 0
+    converged = active & blk.done & (blk.exact_to >= L)  # the last forward rejected nothing: a bonus exists
+    bonus_ok = converged & (n + L < N)
+    bonus = sample_from(blk.q.gather(1, L.view(-1, 1, 1).expand(-1, 1, V)).squeeze(1), ub)
+    at = (n + L).clamp(max=buf.shape[1] - 1)  # the bonus's index
+    buf[rows, at] = torch.where(bonus_ok, bonus, buf[rows, at])
+    take = torch.where(active, L, 0)  # tokens committed from the block (lossy)
+    committed = slot < take[:, None]  # [B, Lmax]
+    changed = (buf != original)[rows[:, None], n[:, None] + slot]  # [B, Lmax]: resampled in some round
+    kinds = torch.where(changed, COMMIT_RESAMPLED, torch.where(blk.relaxed, COMMIT_RELAXED, COMMIT_ACCEPTED))
+    tally.mark((n[:, None] + slot).clamp(max=buf.shape[1] - 1), kinds.to(torch.int8), committed)
+    tally.mark(at, COMMIT_BONUS, bonus_ok)
+    ents = entropy(blk.q[:, :slot.shape[1]])  # [B, Lmax]
+    tally.ent_sum += (ents * committed).sum(1) + torch.where(bonus_ok, entropy(blk.q[rows, L]), 0)
+    tally.drafted += torch.where(active, L, 0)
+    tally.accepted += (~changed & committed).sum(1)
+    tally.relaxed += (blk.relaxed & committed).sum(1)
+    tally.block(active.nonzero().squeeze(1).tolist(), L, blk.rounds)
+    kept = torch.where(active, (~changed & blk.in_block).sum(1), 0)
+    h_norm = (ents / math.log(V) * blk.in_block).sum(1) / L.clamp(min=1)
+    policy.update(kept / L.clamp(min=1), h_norm, active)
+    new_n = n + take + bonus_ok.long()
+    feed = torch.where(active, torch.where(converged, new_n - 1, blk.feed), blk.feed)
+    return torch.where(active, new_n.clamp(max=N), n), feed
 
 
 def _plan_rows(model, prompts, sc: SamplingConfig, cfg: SSDConfig) -> tuple[int, dict]:
@@ -343,13 +263,3 @@ def _note_forwards_per_block(model, rounds_used: list[list[int]]) -> None:
         old = model.__dict__.get("_ssd_forwards_per_block")
         new = float(np.mean(blocks))
         model.__dict__["_ssd_forwards_per_block"] = new if old is None else 0.7 * old + 0.3 * new
-
-
-def _hist(blocks: list[int], rounds: list[int]) -> list[int]:
-    """Tokens per forward, spreading each block's tokens over its forwards (prefill counted as 1 token)."""
-    h = [0, 1]
-    for size, r in zip(blocks, rounds):
-        k = max(1, round(size / max(1, r)))
-        h += [0] * (k + 1 - len(h))
-        h[k] += r
-    return h

@@ -1,4 +1,5 @@
-"""Per-sample decoding statistics, kept as plain numbers and arrays so they go straight into Parquet.
+"""Per-sample decoding statistics, kept as plain numbers and arrays so they go straight into Parquet, and the
+`Tally` every decoder (ar, sjd, ssd) keeps them in while it decodes.
 
 Commit codes in `commit_map` (one per image token, raster order):
   0 COMMIT_AR        plain autoregressive sample (one token from one forward)
@@ -30,11 +31,6 @@ class SampleStats:
     seconds: float = 0.0  # wall-clock share of this sample (batch time / batch size)
     extra: dict = field(default_factory=dict)  # decoder-specific (block sizes, rounds, ...)
 
-    @classmethod
-    def plain_ar(cls, grid: tuple[int, int], forwards: int, mean_entropy: float, seconds: float) -> "SampleStats":
-        return cls(forwards=forwards, tokens_per_forward_hist=[0, forwards], acceptance_rate=float("nan"),
-                   commit_map=np.zeros(grid, np.int8), mean_entropy=mean_entropy, seconds=seconds)
-
     @property
     def tokens_per_forward(self) -> float:
         return int(self.commit_map.size) / max(1, self.forwards)
@@ -51,3 +47,96 @@ class SampleStats:
 class DecodeResult:
     tokens: torch.Tensor  # [B, H*W] image token ids
     stats: list[SampleStats]
+
+
+class Tally:
+    """A batch's per-sample counters, kept on the model's device while a decoder runs (no host sync per forward)
+    and turned into `SampleStats` with one host copy at the end.
+
+    The decoder adds to the counters as it commits tokens: `commit` (COMMIT_* per index; `mark`), `forwards`,
+    `ent_sum` (target entropy in nats of each committed token's distribution), `drafted` (drafts verified),
+    `accepted`, `relaxed`; and either the tokens committed by each forward (`forward`: a histogram, SJD and AR)
+    or each block's size and forwards (`block`: SSD's block decoder, whose histogram spreads a block's tokens
+    over its forwards). Both count the prefill: one forward that commits token 0."""
+
+    def __init__(self, batch: int, width: int, device: torch.device | str, hist_bins: int = 0,
+                 entropy_floor: float = 1e-30):
+        """width: commit-code slots (the image's H*W and any spare slots past it, which are dropped); hist_bins:
+        the most tokens one forward can commit, plus 1 (0: the decoder records blocks instead); entropy_floor:
+        the clamp under log q in the recorded entropies (why two: below)."""
+        self.rows = torch.arange(batch, device=device)
+        self.commit = torch.full((batch, width), COMMIT_AR, dtype=torch.int8, device=device)  # [B, width]
+        self.forwards = torch.ones(batch, dtype=torch.long, device=device)  # [B]; the prefill samples token 0
+        self.ent_sum = torch.zeros(batch, device=device)  # [B]
+        self.drafted, self.accepted, self.relaxed = (torch.zeros(batch, dtype=torch.long, device=device)
+                                                     for _ in range(3))  # [B] each
+        self.hist = None  # [B, hist_bins]: hist[b, m] = forwards that committed m tokens
+        if hist_bins:
+            self.hist = torch.zeros(batch, hist_bins, dtype=torch.long, device=device)
+            self.hist[:, 1] = 1
+        self.blocks: list[list[int]] = [[] for _ in range(batch)]  # tokens drafted per block
+        self.rounds: list[list[int]] = [[] for _ in range(batch)]  # forwards per block
+        # AR has always recorded its entropies with a 1e-12 floor and the speculative decoders with 1e-30 (a
+        # difference only for probabilities under 1e-12); each keeps its own, so recorded statistics do not move
+        self.entropy_floor = entropy_floor
+
+    def mark(self, pos: torch.Tensor, code, where: torch.Tensor) -> None:
+        """Set the commit code at indices pos ([B] or [B, S]) where `where` (the same shape) holds; code: one
+        COMMIT_* value or an int8 tensor of them, shaped like pos."""
+        rows = self.rows if pos.dim() == 1 else self.rows[:, None]
+        if not isinstance(code, torch.Tensor):
+            code = torch.tensor(code, dtype=torch.int8, device=self.commit.device)
+        self.commit[rows, pos] = torch.where(where, code, self.commit[rows, pos])
+
+    def forward(self, committed: torch.Tensor, active: torch.Tensor) -> None:
+        """One forward that committed `committed` [B] tokens, counted for the samples still decoding [B] bool."""
+        self.forwards += active.long()
+        self.hist[self.rows, committed] += active.long()
+
+    def ar_forwards(self, count: int) -> None:
+        """`count` more forwards of one token each, for every sample (plain AR after its prefill)."""
+        self.forwards += count
+        self.hist[:, 1] += count
+
+    def block(self, samples: list[int], sizes: torch.Tensor, rounds: torch.Tensor) -> None:
+        """A block of sizes[b] drafted tokens verified in rounds[b] forwards ([B] each), for each b in samples."""
+        sizes_host, rounds_host = sizes.tolist(), rounds.tolist()  # one transfer each, not one per sample
+        for b in samples:
+            self.blocks[b].append(sizes_host[b])
+            self.rounds[b].append(rounds_host[b])
+
+    def stats(self, grid: tuple[int, int], seconds: float, extra: dict) -> list[SampleStats]:
+        """Per-sample statistics; `extra` (decoder settings) goes to every sample, after SSD's per-block lists."""
+        N = grid[0] * grid[1]
+        commit = self.commit[:, :N].cpu().numpy()
+        forwards, ent_sum, drafted, accepted, relaxed = (
+            t.cpu() for t in (self.forwards, self.ent_sum, self.drafted, self.accepted, self.relaxed))
+        hist = None if self.hist is None else self.hist.cpu()
+        stats = []
+        for b in range(commit.shape[0]):
+            per_block = {} if hist is not None else {"block_sizes": self.blocks[b], "rounds_per_block": self.rounds[b]}
+            stats.append(SampleStats(
+                forwards=int(forwards[b]),
+                tokens_per_forward_hist=_trimmed(hist[b].tolist()) if hist is not None else
+                _spread(self.blocks[b], self.rounds[b]),
+                acceptance_rate=float(accepted[b] / drafted[b]) if drafted[b] else float("nan"),
+                commit_map=commit[b].reshape(grid), mean_entropy=float(ent_sum[b] / N),
+                relaxed=int(relaxed[b]), seconds=seconds, extra=per_block | extra))
+        return stats
+
+
+def _trimmed(h: list[int]) -> list[int]:
+    """A per-forward histogram without its empty tail (never shorter than [0, prefill])."""
+    while len(h) > 2 and h[-1] == 0:
+        h.pop()
+    return h
+
+
+def _spread(blocks: list[int], rounds: list[int]) -> list[int]:
+    """Tokens per forward, spreading each block's tokens over its forwards (prefill counted as 1 token)."""
+    h = [0, 1]
+    for size, r in zip(blocks, rounds):
+        k = max(1, round(size / max(1, r)))
+        h += [0] * (k + 1 - len(h))
+        h[k] += r
+    return h

@@ -27,7 +27,6 @@ from .configs import ENTROPY_NORMS, Relaxation  # noqa: F401 - re-exported
 from .sampling import sample_from
 
 
-
 @dataclass
 class Verdict:
     n_accepted: torch.Tensor  # [B] leading drafts accepted
@@ -37,9 +36,9 @@ class Verdict:
     tv: torch.Tensor  # [B, K] total variation between p and q at each draft
 
 
-def entropy(q: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats over the last dim."""
-    return -(q * q.clamp_min(1e-30).log()).sum(-1)
+def entropy(q: torch.Tensor, floor: float = 1e-30) -> torch.Tensor:
+    """Entropy in nats over the last dim; `floor` clamps q under the log (AR's statistics use 1e-12, stats.Tally)."""
+    return -(q * q.clamp_min(floor).log()).sum(-1)
 
 
 def normalised_entropy(q: torch.Tensor, how: str) -> torch.Tensor:
@@ -52,9 +51,40 @@ def normalised_entropy(q: torch.Tensor, how: str) -> torch.Tensor:
     return h / support.log()
 
 
+def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """TV(p, q) = ½ Σ |p - q| over the last dim."""
+    return 0.5 * (p - q).abs().sum(-1)
+
+
+def accept(draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, u: torch.Tensor, relax: Relaxation,
+           tv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The acceptance test at every position, independently: draft [...], p / q [..., V] (the draft's and the
+    target's distributions at its position), u [...] uniforms; tv: TV(p, q) when the caller has it already.
+    -> (accepted [...] bool, by either rule; relaxed [...] bool, accepted only thanks to CSD's relaxation).
+    TV and the entropy bonus are computed only when the relaxation is active: they cost a pass over V."""
+    qx = q.gather(-1, draft.unsqueeze(-1)).squeeze(-1)
+    px = p.gather(-1, draft.unsqueeze(-1)).squeeze(-1)
+    ratio = qx / px.clamp_min(1e-30)
+    standard = u < ratio.clamp(max=1.0)  # the lossless rule: min(1, q(x) / p(x))
+    if not relax.active:
+        return standard, torch.zeros_like(standard)
+    tv = total_variation(p, q) if tv is None else tv
+    bonus = relax.lam * normalised_entropy(q, relax.entropy_norm)
+    relaxed = (tv < relax.delta) & (u < (ratio + bonus).clamp(max=1.0)) & ~standard
+    return standard | relaxed, relaxed
+
+
+def residual(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The distribution a rejected draft is resampled from: norm(max(0, q - p)) over the last dim, and q itself
+    where that is empty (p covers q, so the draft could not have been rejected by the lossless rule)."""
+    resid = (q - p).clamp_min(0)
+    mass = resid.sum(-1, keepdim=True)
+    return torch.where(mass > 0, resid / mass.clamp_min(1e-30), q)
+
+
 def verify(draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, n_valid: torch.Tensor,
            u_accept: torch.Tensor, u_resample: torch.Tensor, relax: Relaxation = Relaxation()) -> Verdict:
-    """Verify K drafts per sample, left to right, vectorised over batch and window.
+    """Verify K drafts per sample, left to right, vectorised over batch and window (SJD, CSD, lossless SSD).
 
     draft [B, K] draft tokens; p [B, K, V] their draft distributions; q [B, K + 1, V] target distributions
     (q[:, j] for draft j, q[:, K] for the bonus); n_valid [B] how many drafts each sample may commit (the
@@ -62,30 +92,18 @@ def verify(draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, n_valid: torch
     """
     B, K = draft.shape
     qd = q[:, :K]  # [B, K, V]
-    qx = qd.gather(-1, draft.unsqueeze(-1)).squeeze(-1)  # [B, K]
-    px = p.gather(-1, draft.unsqueeze(-1)).squeeze(-1)  # [B, K]
-    ratio = qx / px.clamp_min(1e-30)
-    standard = u_accept < ratio.clamp(max=1.0)
-    tv = 0.5 * (p - qd).abs().sum(-1)  # [B, K]
-    if relax.active:
-        bonus = relax.lam * normalised_entropy(qd, relax.entropy_norm)
-        relaxed_ok = (tv < relax.delta) & (u_accept < (ratio + bonus).clamp(max=1.0))
-        ok = standard | relaxed_ok
-    else:
-        relaxed_ok = torch.zeros_like(standard)
-        ok = standard
+    tv = total_variation(p, qd)  # [B, K]
+    ok, relaxed = accept(draft, p, qd, u_accept, relax, tv)  # [B, K] each
     valid = torch.arange(K, device=draft.device)[None, :] < n_valid[:, None]
     prefix = (ok & valid).long().cumprod(1).bool()  # [B, K] accepted prefix
     n_acc = prefix.sum(1)  # [B]
-    # the next token: residual at the first rejection, or the bonus from q at n_acc (p is 0 there)
+    # the next token: residual at the first rejection, or the bonus from q at n_acc (p counts as 0 there)
     p_pad = torch.cat([p, torch.zeros_like(p[:, :1])], dim=1)  # [B, K + 1, V]
     at = n_acc.view(B, 1, 1).expand(B, 1, q.shape[-1])
     q_at, p_at = q.gather(1, at).squeeze(1), p_pad.gather(1, at).squeeze(1)  # [B, V]
     rejected = n_acc < n_valid
-    resid = torch.where(rejected[:, None], (q_at - p_at).clamp_min(0), q_at)
-    mass = resid.sum(-1, keepdim=True)
-    resid = torch.where(mass > 0, resid / mass.clamp_min(1e-30), q_at)
-    return Verdict(n_acc, sample_from(resid, u_resample), prefix, prefix & relaxed_ok & ~standard, tv)
+    resid = residual(q_at, torch.where(rejected[:, None], p_at, 0.0))  # [B, V]
+    return Verdict(n_acc, sample_from(resid, u_resample), prefix, prefix & relaxed, tv)
 
 
 def verify_all(draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, judge: torch.Tensor, u_accept: torch.Tensor,
@@ -97,20 +115,7 @@ def verify_all(draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, judge: tor
     so its new token is a sample from q (given this forward's context) whatever p was.
     -> (tokens [B, K], rejected [B, K] bool, relaxed [B, K] bool: accepted only thanks to the relaxation).
     """
-    qx = q.gather(-1, draft.unsqueeze(-1)).squeeze(-1)
-    px = p.gather(-1, draft.unsqueeze(-1)).squeeze(-1)
-    ratio = qx / px.clamp_min(1e-30)
-    standard = u_accept < ratio.clamp(max=1.0)
-    ok = standard
-    relaxed = torch.zeros_like(standard)
-    if relax.active:
-        tv = 0.5 * (p - q).abs().sum(-1)
-        bonus = relax.lam * normalised_entropy(q, relax.entropy_norm)
-        relaxed = (tv < relax.delta) & (u_accept < (ratio + bonus).clamp(max=1.0)) & ~standard
-        ok = standard | relaxed
-    resid = (q - p).clamp_min(0)
-    mass = resid.sum(-1, keepdim=True)
-    resid = torch.where(mass > 0, resid / mass.clamp_min(1e-30), q)
+    ok, relaxed = accept(draft, p, q, u_accept, relax)
     rejected = judge & ~ok
-    tokens = torch.where(rejected, sample_from(resid, u_resample), draft)
+    tokens = torch.where(rejected, sample_from(residual(q, p), u_resample), draft)
     return tokens, rejected, relaxed & judge

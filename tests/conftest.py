@@ -8,6 +8,18 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
+# Tests that use these start a service (Prefect's API, moto's S3 server, a local Ray): marked `integration`
+# here, so `-m "not slow and not integration"` is the fast tier. Tests that start a subprocess say so
+# themselves with @pytest.mark.integration.
+SERVICE_FIXTURES = {"prefect_server", "s3_endpoint", "s3", "local_ray"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(scope="session")
 def ref_model():
     from reference.model import ReferenceModel

@@ -65,6 +65,7 @@ def test_bench_json_has_every_key_and_the_cost(tiny_bench):
     (["--decoders", "ar,nope"], "unknown decoder 'nope'"),
     (["--device-type", "h100"], "priced per GPU"),
 ])
+@pytest.mark.integration
 def test_bench_bad_arguments_give_one_line_and_exit_2(args, message):
     r = cli("bench", "--n", "1", "--quality-n", "0", *args)
     assert r.returncode == 2, r.stdout + r.stderr
@@ -72,6 +73,7 @@ def test_bench_bad_arguments_give_one_line_and_exit_2(args, message):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_bench_cuda_without_a_gpu_is_a_clear_error():
     import torch
     if torch.cuda.is_available():
@@ -105,6 +107,7 @@ def test_pareto_front_and_plot_with_quality(tiny_bench):
     assert "Quality was skipped" not in text and len(re.findall(r"data:image/png", text)) == 2
 
 
+@pytest.mark.integration
 def test_bench_html_renders_in_headless_chromium(tiny_bench, tmp_path):
     import numpy as np
     from PIL import Image
@@ -190,6 +193,7 @@ def test_projection_reads_an_older_bench_json_and_calibrates():
     assert 0 < fit["flops_eff"] <= 1 and fit["overhead_per_forward_s"] > 0
 
 
+@pytest.mark.integration
 def test_projection_cli_and_bad_arguments(tmp_path):
     r = cli("projection", "--bench-json", "docs/results/bench_batch1.json", "--accelerators", "h200",
             "--models", "1b@24", "--batch-sizes", "1,4", "--json", str(tmp_path / "p.json"), "--html",

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.integration  # every test here runs the CLI in a subprocess
+
 GOOD = "a large red circle at the center on a flat gray background"
 
 

@@ -266,6 +266,7 @@ def test_cost_table_rows():
     assert "price source" in text and len(text.splitlines()) == len(rows)
 
 
+@pytest.mark.integration
 def test_cost_module_is_pure_python():
     code = ("import sys, flows.cost; "
             "print([m for m in ('ray', 'prefect', 'torch', 'numpy') if m in sys.modules])")

@@ -70,6 +70,7 @@ def test_report_is_standalone_and_has_every_section(run):
     assert "zeppelin" in text and "1 failed samples" in text
 
 
+@pytest.mark.integration
 def test_no_committed_shards_is_a_clear_error(tmp_path):
     from flows.report import write_report
     with pytest.raises(FileNotFoundError, match="no committed shards"):

@@ -54,7 +54,7 @@ def test_row_group_cache_reads_the_same_rows_and_stays_bounded(tmp_path):
 def _commit(out, shard: int, attempts: int = 1) -> None:
     from flows.layout import shard_tables
     rows = [{"prompt_id": f"s{shard}", "prompt": "x", "seed": 1}]
-    sample = {"png": None, "width": None, "height": None, "grid": None, "tokens": None, "stats": None,
+    sample = {"image": None, "width": None, "height": None, "grid": None, "tokens": None, "stats": None,
               "status": "ok", "error": None, "latency_s": 0.1}
     images, stats = shard_tables([sample], rows, "ar", "tiny")
     for k in range(attempts):  # earlier attempts lose: only the last commits
@@ -117,6 +117,7 @@ def test_a_group_raises_the_worst_error_of_its_shards():
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server", "local_ray")
+@pytest.mark.integration
 def test_driver_memory_stays_flat_over_2000_shards(tmp_path):
     """Today's (per-shard Prefect tasks) driver grew ~5 GB over this run; the bound is a tenth of that."""
     from typer.testing import CliRunner
@@ -151,6 +152,7 @@ def _committed_ids(out: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server", "local_ray")
+@pytest.mark.integration
 def test_a_driver_killed_mid_run_then_rerun_commits_every_prompt_once(tmp_path):
     import prefect.settings
     import ray

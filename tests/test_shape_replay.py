@@ -34,6 +34,7 @@ def test_traces_record_every_forward_and_replay_on_other_shapes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_device_bench_script_runs_end_to_end_on_cpu_with_tiny_shapes(tmp_path):
     """`infra/device-bench.sh --tiny`: every step of the GPU script on the CPU, on a tiny model with heads,
     and every file a GPU run writes."""

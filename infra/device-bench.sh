@@ -151,5 +151,5 @@ timeout 200 "$PY" -m flows.shape_replay "$OUT/bench.json" "$OUT/replay.json" --b
 
 # 7. the projection's method checked on this GPU (its bandwidth and FLOP/s measured here) -------------------
 say "projection check"
-"$PY" -m flows.projection "$OUT/bench.json" --out "$OUT/calibration.json" --device "$DEV" 2>&1 | tee "$OUT/calibration.log" || true
+"$PY" -m flows.projection_check "$OUT/bench.json" --out "$OUT/calibration.json" --device "$DEV" 2>&1 | tee "$OUT/calibration.log" || true
 say "done: $(find "$OUT" -maxdepth 1 -type f -printf '%f ')"

@@ -171,7 +171,8 @@ def test_projection_per_image_time_kv_cap_and_cost():
 
 
 def test_projection_reads_an_older_bench_json_and_calibrates():
-    from flows.projection import calibrate, decoder_stats, project
+    from flows.projection import decoder_stats, project
+    from flows.projection_check import calibrate
     bench = json.loads((ROOT / "docs/results/bench_batch1.json").read_text())
     st = {s.decoder: s for s in decoder_stats(bench)}
     assert st["ar"].tokens_fed_per_forward == 1 and st["csd:window=16"].tokens_fed_per_forward == 16
@@ -184,7 +185,7 @@ def test_projection_reads_an_older_bench_json_and_calibrates():
     cal = calibrate(bench, cpu)
     assert len(cal["rows"]) == 3 and all(math.isfinite(r["error_pct"]) for r in cal["rows"])
     # several measured files (an eval JSON counts as a one-row bench); two constants fitted, the rest held out
-    from flows.projection import calibrate_fitted, merge_benches
+    from flows.projection_check import calibrate_fitted, merge_benches
     merged = merge_benches([str(ROOT / "docs/results" / f) for f in ("bench_batch1.json", "eval_csd.json")])
     assert [r["source"] for r in merged["rows"]] == ["bench_batch1.json"] * 3 + ["eval_csd.json"]
     fit = calibrate_fitted(merged, cpu)

@@ -6,8 +6,10 @@ they never end in a raw stack trace.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -32,6 +34,52 @@ def friendly(fn):
             typer.echo(f"error: {msg}", err=True)
             raise typer.Exit(2)
     return wrapper
+
+
+class _QuietUserErrors(logging.Filter):
+    """Drops, on the console only, Prefect's "Encountered exception" record of a user error: its traceback
+    stays in the Prefect logs (the API handler sits on a child logger and has already sent it), and the
+    console ends with `friendly`'s one `error:` line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, USER_ERRORS)
+
+
+@contextlib.contextmanager
+def _flow_console():
+    """Around a flow call: keep user errors' tracebacks off the console, and on such an error stop Prefect's
+    temporary API server now (it would log its shutdown at exit, after the `error:` line)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+    # Prefect's console handler sits on the root logger (the "prefect" logger only propagates to it)
+    handlers = [h for name in ("", "prefect") for h in logging.getLogger(name).handlers
+                if isinstance(h, PrefectConsoleHandler)]
+    quiet = _QuietUserErrors()
+    for h in handlers:
+        h.addFilter(quiet)
+    try:
+        yield
+    except USER_ERRORS:
+        _stop_prefect_server()
+        raise
+    finally:
+        for h in handlers:
+            h.removeFilter(quiet)
+
+
+def _stop_prefect_server() -> None:
+    """Send the queued run logs (the failure's traceback among them), then stop the temporary Prefect server
+    this process started, if any. Best effort: it uses a private Prefect API, and atexit stops it anyway."""
+    try:
+        from prefect.logging.handlers import APILogHandler
+        from prefect.server.api.server import SubprocessASGIServer
+        for h in logging.getLogger("prefect.flow_runs").handlers:
+            if isinstance(h, APILogHandler):
+                h.flush()
+        for server in list(getattr(SubprocessASGIServer, "_instances", {}).values()):
+            server.stop()
+    except Exception:  # noqa: BLE001 - only tidies the console
+        pass
 
 
 def _sampling(cfg: float, temperature: float, top_k: int, top_p: float):
@@ -66,6 +114,8 @@ AUDIT = typer.Option(0.0, "--audit", metavar="FRACTION",
                      help="also decode this fraction of the prompts (chosen by prompt_id) with ar and report the "
                           "NLL gap to it in summary.json; 0 = no audit")
 AUDIT_TOL = typer.Option(0.15, "--audit-tolerance", help="allowed |NLL gap| of the audit, nats/token (95% interval)")
+IMAGE_FORMAT = typer.Option("png", "--image-format", help="encoding of the stored images: png (lossless), webp or jpeg")
+QUALITY = typer.Option(90, "--quality", help="webp/jpeg quality, 1..100 (png ignores it)")
 
 
 @app.command()
@@ -112,6 +162,7 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
                                                                      "a slot of per GPU (per actor on CPUs)"),
              seed: int = typer.Option(0, help="run seed; a row's own `seed` column wins"),
              audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
+             image_format: str = IMAGE_FORMAT, quality: int = QUALITY,
              progress: bool = typer.Option(True, help="show a progress bar")):
     """Generate images for Parquet prompts with a Prefect flow on Ray actors; resumable (run it again)."""
     from flows.inputs import list_inputs
@@ -121,13 +172,14 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
     GenerateConfig(prompts=tuple(prompts), out=out, model=model or "reference", decoder=spec,
                    shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
                    gpus_per_actor=gpus_per_actor, device_type=device_type, audit=audit,
-                   audit_tolerance=audit_tolerance).validate()
+                   audit_tolerance=audit_tolerance, image_format=image_format, quality=quality).validate()
     list_inputs(list(prompts))
-    summary = flow(prompts=prompts, out=out, model=model or "reference", decoder=str(spec), seed=seed,
-                   shard_size=shard_size,
-                   batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor,
-                   device_type=device_type, ray_address=ray_address, cluster_limit=cluster_limit, audit=audit,
-                   audit_tolerance=audit_tolerance, progress=progress)
+    with _flow_console():
+        summary = flow(prompts=prompts, out=out, model=model or "reference", decoder=str(spec), seed=seed,
+                       shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
+                       gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address,
+                       cluster_limit=cluster_limit, audit=audit, audit_tolerance=audit_tolerance,
+                       image_format=image_format, quality=quality, progress=progress)
     _print_summary(summary)
 
 
@@ -151,17 +203,21 @@ def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or g
           decoder: str = DECODER, model: Optional[str] = MODEL, shard_size: int = 256, batch_size: int = 16,
           actors: int = 2, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
           cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit (see generate)"),
-          audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL):
+          audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
+          image_format: str = IMAGE_FORMAT, quality: int = QUALITY):
     """Serve the generation flow as a Prefect deployment on a cron schedule (runs until stopped)."""
     from flows.audit import check_audit
     from flows.pipeline import generate as flow
     spec = _spec(decoder)
+    from workers.decode_worker import check_image_format
     check_audit(audit, audit_tolerance)
+    check_image_format(image_format, quality)
     flow.serve(name=name, cron=cron, parameters={
         "prompts": prompts, "out": out, "model": model or "reference", "decoder": str(spec), "shard_size": shard_size,
         "batch_size": batch_size, "actors": actors, "cpus_per_actor": cpus_per_actor,
         "gpus_per_actor": gpus_per_actor, "device_type": device_type, "cluster_limit": cluster_limit,
-        "audit": audit, "audit_tolerance": audit_tolerance, "progress": False})
+        "audit": audit, "audit_tolerance": audit_tolerance, "image_format": image_format, "quality": quality,
+        "progress": False})
 
 
 @app.command()
@@ -198,16 +254,16 @@ def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: s
     from PIL import Image
     from flows.pipeline import generate as flow
     from reference.prompts import EXAMPLES_PARQUET
-    summary = flow(prompts=[str(EXAMPLES_PARQUET)], out=str(out / "run"), model=model or "reference",
-                   decoder=str(_spec(decoder)),
-                   shard_size=4, batch_size=batch_size, actors=actors, progress=True)
+    with _flow_console():
+        summary = flow(prompts=[str(EXAMPLES_PARQUET)], out=str(out / "run"), model=model or "reference",
+                       decoder=str(_spec(decoder)), shard_size=4, batch_size=batch_size, actors=actors, progress=True)
     _print_summary(summary)
     man = pq.read_table(summary["manifest"].removeprefix("file://")).to_pylist()
-    tables = [pq.read_table(m["images_url"].removeprefix("file://"), columns=["prompt_id", "png"]) for m in man]
-    pngs = [r for t in tables for r in t.to_pylist() if r["png"]]
-    grid = np.concatenate([np.asarray(Image.open(io.BytesIO(r["png"])).convert("RGB")) for r in pngs], axis=1)
+    tables = [pq.read_table(m["images_url"].removeprefix("file://"), columns=["prompt_id", "image"]) for m in man]
+    imgs = [r["image"]["bytes"] for t in tables for r in t.to_pylist() if r["image"]]
+    grid = np.concatenate([np.asarray(Image.open(io.BytesIO(b)).convert("RGB")) for b in imgs], axis=1)
     Image.fromarray(grid).save(out / "grid.png")
-    typer.echo(f"{len(pngs)} images -> {(out / 'run').resolve()}/ (shards/*/attempt-*/images.parquet); "
+    typer.echo(f"{len(imgs)} images -> {(out / 'run').resolve()}/ (shards/*/attempt-*/images.parquet); "
                f"look at {(out / 'grid.png').resolve()}")
 
 

@@ -396,7 +396,7 @@ class Dispatcher:
         samples = [s for r in job.results for s in r["samples"]]
         for s in samples:
             s["device_seconds"] = s["latency_s"] * dev
-        images, stats = shard_tables(samples, job.rows, cfg.decoder.label, cfg.model)
+        images, stats = shard_tables(samples, job.rows, cfg.decoder.label, cfg.model, cfg.image_format)
         audited, audit = shard_audit(job.results, dev)
         audit_t = audit_table(audited, cfg.audit_label) if cfg.audit > 0 else None
         errors = Counter(s["error"] for s in samples if s["status"] != "ok")

@@ -1,7 +1,7 @@
 """The output layout of a run on any fsspec URL, and the commit protocol that makes a shard "done".
 
     {out}/_config.json                                   run settings (no secrets); resume must match them
-    {out}/shards/{shard:06d}/attempt-{uuid}/images.parquet   one row per prompt: png bytes, token grid, ...
+    {out}/shards/{shard:06d}/attempt-{uuid}/images.parquet   one row per prompt: image {bytes, path}, token grid, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/stats.parquet    one row per prompt: status, error, forwards, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/audit.parquet    with --audit: one row per audited prompt (flows.audit)
     {out}/shards/{shard:06d}/_SUCCESS.json               commit marker, written last, create-only
@@ -33,11 +33,34 @@ import pyarrow.parquet as pq
 
 CONFIG, MANIFEST, SUMMARY, MARKER = "_config.json", "manifest.parquet", "summary.json", "_SUCCESS.json"
 
-IMAGES_SCHEMA = pa.schema([
+# `image` is the struct Hugging Face `datasets` stores its Image feature as ({bytes, path}); with the features
+# in the schema metadata below, `datasets.load_dataset("parquet", ...)` decodes it to a PIL image, while
+# pandas, polars, duckdb and Ray Data read it as a plain struct. `image_format` says how the bytes are encoded.
+IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+_IMAGES_FIELDS = [
     ("prompt_id", pa.string()), ("prompt", pa.string()), ("seed", pa.int64()), ("decoder", pa.string()),
-    ("model", pa.string()), ("png", pa.binary()), ("width", pa.int32()), ("height", pa.int32()),
-    ("grid_height", pa.int32()), ("grid_width", pa.int32()), ("tokens", pa.list_(pa.int32())),
-])
+    ("model", pa.string()), ("image", IMAGE_TYPE), ("image_format", pa.string()), ("width", pa.int32()),
+    ("height", pa.int32()), ("grid_height", pa.int32()), ("grid_width", pa.int32()), ("tokens", pa.list_(pa.int32())),
+]
+
+
+def _hf_feature(t: pa.DataType) -> dict:
+    """A column's `datasets` feature as JSON. Lists use the `Sequence` spelling, which every `datasets` release
+    reads (newer ones translate it to `List`)."""
+    if t == IMAGE_TYPE:
+        return {"_type": "Image"}
+    if pa.types.is_list(t):
+        return {"feature": _hf_feature(t.value_type), "_type": "Sequence"}
+    return {"dtype": str(t), "_type": "Value"}
+
+
+def _hf_metadata(fields: list[tuple[str, pa.DataType]]) -> dict[bytes, bytes]:
+    """The schema metadata `datasets` reads its features from (key b"huggingface")."""
+    features = {name: _hf_feature(t) for name, t in fields}
+    return {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+
+
+IMAGES_SCHEMA = pa.schema(_IMAGES_FIELDS, metadata=_hf_metadata(_IMAGES_FIELDS))
 STATS_SCHEMA = pa.schema([
     ("prompt_id", pa.string()), ("status", pa.string()), ("error", pa.string()), ("decoder", pa.string()),
     ("forwards", pa.int32()), ("acceptance_rate", pa.float64()), ("tokens_per_forward", pa.float64()),
@@ -92,8 +115,10 @@ class Output:
             diff = [k for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k)]
             if diff:
                 k = diff[0]
+                # a key one side lacks is an optional setting at its default (see GenerateConfig.recorded)
+                was, now = (repr(d[k]) if k in d else "the default" for d in (old, config))
                 raise ConfigMismatch(f"{self.full_url(p)}: this output holds a run with other settings "
-                                     f"({', '.join(diff)} differ; {k} was {old.get(k)!r}, now {config.get(k)!r}); "
+                                     f"({', '.join(diff)} differ; {k} was {was}, now {now}); "
                                      "use a new --out, or the same settings to resume")
             return
         self.fs.makedirs(self.root, exist_ok=True)
@@ -263,13 +288,17 @@ def _link_create(path: str, data: bytes) -> bool:
         os.unlink(tmp)
 
 
-def shard_tables(samples: list[dict], rows: list[dict], decoder: str, model: str) -> tuple[pa.Table, pa.Table]:
-    """Decoded samples (workers.decode_worker) + their input rows -> (images table, stats table)."""
+def shard_tables(samples: list[dict], rows: list[dict], decoder: str, model: str,
+                 image_format: str = "png") -> tuple[pa.Table, pa.Table]:
+    """Decoded samples (workers.decode_worker) + their input rows -> (images table, stats table). A failed
+    sample's `image` is null (not a struct of nulls), so readers filter it with an ordinary null check."""
     img_rows, stat_rows = [], []
     for r, s in zip(rows, samples):
         grid = s["grid"] or [None, None]
         img_rows.append({"prompt_id": r["prompt_id"], "prompt": r["prompt"], "seed": r["seed"], "decoder": decoder,
-                         "model": model, "png": s["png"], "width": s["width"], "height": s["height"],
+                         "model": model, "image": None if s["image"] is None else {"bytes": s["image"], "path": None},
+                         "image_format": image_format,
+                         "width": s["width"], "height": s["height"],
                          "grid_height": grid[0], "grid_width": grid[1], "tokens": s["tokens"]})
         st = s["stats"] or {}
         extra = st.get("extra", {})

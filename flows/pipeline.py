@@ -19,8 +19,8 @@ an actor crash: only the batches the dead actor held are resubmitted (to its res
 Retries: a group task retries with exponential backoff and jitter only on transient errors (storage I/O,
 dead actors), and then runs only its uncommitted shards; configuration, schema and input errors fail at once.
 A failed write is first retried in place (flows.dispatch). Per-sample failures are error rows.
-Settings that change the images (model, decoder, sampling, seed, batch size, input files, shard size) are
-recorded in `_config.json`; a resume with other settings is refused.
+Settings that change the images (model, decoder, sampling, seed, batch size, input files, shard size, image
+format and quality) are recorded in `_config.json`; a resume with other settings is refused.
 
 `--audit FRACTION` (flows/audit.py) also scores a deterministic sample of the prompts against an `ar` sample
 under the target; its rows are committed with their shard, and its cost is a line of its own.
@@ -73,8 +73,11 @@ class GenerateConfig:
     cluster_limit: str | None = None  # a Prefect global concurrency limit; the run holds `cluster_slots` of it
     audit: float = 0.0  # fraction of prompts also decoded with `ar` to measure the NLL gap (0 = no audit)
     audit_tolerance: float = DEFAULT_TOLERANCE
+    image_format: str = "png"  # png | webp | jpeg, encoded on the actors (workers.decode_worker.encode_image)
+    quality: int = 90  # webp/jpeg only
 
     def validate(self) -> Price:
+        from workers.decode_worker import check_image_format
         from workers.models import check_model_spec
         if not self.prompts:
             raise ValueError("--prompts: give at least one Parquet file or prefix")
@@ -85,6 +88,7 @@ class GenerateConfig:
             raise ValueError("--cpus-per-actor must be > 0 and --gpus-per-actor >= 0")
         check_model_spec(self.model)
         check_audit(self.audit, self.audit_tolerance)
+        check_image_format(self.image_format, self.quality)
         price = price_for(self.device_type)
         if price.unit == "gpu" and self.gpus_per_actor <= 0:
             raise ValueError(f"--device-type {self.device_type} is priced per GPU, but actors get no GPU "
@@ -109,14 +113,18 @@ class GenerateConfig:
         return max(1, int(self.cpus_per_actor))
 
     def worker_spec(self) -> dict:
-        return {"model": self.model, "decode": self.decoder.to_dict(), "threads": self.threads}
+        return {"model": self.model, "decode": self.decoder.to_dict(), "threads": self.threads,
+                "image_format": self.image_format, "quality": self.quality}
 
     def recorded(self, files: list[InputFile]) -> dict:
         """What `_config.json` holds: everything that decides which images come out. No credentials."""
         keys = ("model", "seed", "shard_size", "batch_size")
         # audit keys only when auditing: a run from before the audit existed still resumes without one
         audit = {"audit": self.audit, "audit_tolerance": self.audit_tolerance} if self.audit > 0 else {}
-        return {k: getattr(self, k) for k in keys} | {"decoder": str(self.decoder)} | audit | {
+        # likewise the encoding only when not png, so a run from before --image-format still resumes; quality
+        # only where it changes the bytes (png ignores it)
+        image = {"image_format": self.image_format, "quality": self.quality} if self.image_format != "png" else {}
+        return {k: getattr(self, k) for k in keys} | {"decoder": str(self.decoder)} | audit | image | {
             "inputs": [{"url": f.url, "rows": f.num_rows, "bytes": f.size} for f in files]}
 
     @property
@@ -176,13 +184,15 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
              seed: int = 0, shard_size: int = 256, batch_size: int = 16, actors: int = 2,
              cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
              ray_address: str | None = None, cluster_limit: str | None = None, audit: float = 0.0,
-             audit_tolerance: float = DEFAULT_TOLERANCE, progress: bool = True, faults: dict | None = None) -> dict:
+             audit_tolerance: float = DEFAULT_TOLERANCE, image_format: str = "png", quality: int = 90,
+             progress: bool = True, faults: dict | None = None) -> dict:
     """Generate an image for every prompt row; resumable. `decoder` is a decode spec (decoders/spec.py), e.g.
     `ssd+csd:token_budget=0:cfg=3`, parsed here: the flow is the edge for deployments. `out` may hold `{date}`, filled with the run's
     scheduled date (YYYY-MM-DD), so a scheduled deployment renders into one folder per day. `cluster_limit`
     names a Prefect global concurrency limit (`prefect gcl create NAME --limit N`) that the run holds one slot
     of per GPU (per actor on CPUs) while its actors exist. `audit` is the fraction of prompts whose NLL gap to
-    `ar` is measured (flows/audit.py), `audit_tolerance` the allowed gap. `faults` is for tests (injected
+    `ar` is measured (flows/audit.py), `audit_tolerance` the allowed gap. `image_format` (png, webp, jpeg) and
+    `quality` (webp/jpeg) choose how the images are encoded. `faults` is for tests (injected
     crashes)."""
     if "{date}" in out:
         from prefect.runtime import flow_run
@@ -191,7 +201,8 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
     cfg = GenerateConfig(prompts=tuple(prompts), out=out, model=model, decoder=DecodeSpec.parse(decoder), seed=seed,
                          shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
                          gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address,
-                         cluster_limit=cluster_limit, audit=audit, audit_tolerance=audit_tolerance)
+                         cluster_limit=cluster_limit, audit=audit, audit_tolerance=audit_tolerance,
+                         image_format=image_format, quality=quality)
     return execute(cfg, progress=progress, faults=faults or {})
 
 
@@ -298,7 +309,7 @@ def execute(cfg: GenerateConfig, progress: bool = True, faults: dict | None = No
     summary |= {"out": out.url, "shards_total": len(plan), "shards_committed": summary["shards"],
                 "shards_run_now": pending - len(failed), "shards_failed": {str(k): v for k, v in failed.items()},
                 "attempts_removed": removed, "decoder": str(cfg.decoder), "model": cfg.model,
-                "batch_size": cfg.batch_size, "actors": cfg.actors, "device_type": cfg.device_type,
+                "batch_size": cfg.batch_size, "image_format": cfg.image_format, "actors": cfg.actors, "device_type": cfg.device_type,
                 "commit_latency_s": ran["commit_latency_s"], "audit": _audit(cfg, out, fold.audit, price),
                 "manifest": manifest, "finished_at": datetime.now(timezone.utc).isoformat()}
     summary["summary"] = out.write_summary(summary)

@@ -35,7 +35,7 @@ COMMIT_COLOURS = {  # RGB; the same colours as the docs' figures (reference/comm
 COMMIT_LABELS = {COMMIT_AR: "plain AR", COMMIT_ACCEPTED: "accepted draft", COMMIT_RESAMPLED: "resampled / corrected",
                  COMMIT_BONUS: "bonus", COMMIT_RELAXED: "relaxed (CSD)"}
 SPECULATED = (COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED)  # committed without a forward of their own
-IMAGE_COLS = ["prompt_id", "prompt", "seed", "png", "width", "height"]
+IMAGE_COLS = ["prompt_id", "prompt", "seed", "image", "width", "height"]
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -66,6 +66,20 @@ def _read(out: Output, url: str, columns=None) -> pa.Table:
         return pq.read_table(f, columns=columns)
 
 
+def _image_rows(out: Output, url: str) -> list[dict]:
+    """A shard's image rows with `image` as the encoded bytes (or None). Runs written before the `image`
+    struct column stored the bytes in a `png` column: they still get a report."""
+    fs, path = (out.fs, url) if "://" not in url else _fs_for(url)
+    with fs.open(path, "rb") as f:
+        pf = pq.ParquetFile(f)
+        legacy = "image" not in pf.schema_arrow.names
+        cols = [("png" if c == "image" else c) for c in IMAGE_COLS] if legacy else IMAGE_COLS
+        rows = pf.read(columns=cols).to_pylist()
+    for r in rows:
+        r["image"] = r.pop("png") if legacy else (r["image"] or {}).get("bytes")
+    return rows
+
+
 def _fs_for(url: str):
     import fsspec
     return fsspec.core.url_to_fs(url)
@@ -77,18 +91,17 @@ def _json(out: Output, name: str) -> dict | None:
 
 
 def load_run(url: str, samples: int = 24) -> dict:
-    """Everything the report shows. PNG bytes are kept only for the first `samples` ok images."""
+    """Everything the report shows. Image bytes are kept only for the first `samples` ok images."""
     out = Output(url)
     files, markers = committed_files(out)
     stats = pa.concat_tables([_read(out, f["stats_url"]) for f in files]).to_pylist()
     images, kept = [], 0
     for f in files:
-        t = _read(out, f["images_url"], columns=IMAGE_COLS).to_pylist()
-        for r in t:
-            if r["png"] is not None and kept < samples:
+        for r in _image_rows(out, f["images_url"]):
+            if r["image"] is not None and kept < samples:
                 kept += 1
             else:
-                r["png"] = None
+                r["image"] = None
             images.append(r)
     return {"url": url, "files": files, "markers": markers, "stats": stats, "images": images,
             "summary": _json(out, SUMMARY), "config": _json(out, CONFIG)}
@@ -96,9 +109,9 @@ def load_run(url: str, samples: int = 24) -> dict:
 
 # ------------------------------------------------------------------------------------------ drawing
 
-def decode_png(png: bytes) -> np.ndarray:
+def decode_image(data: bytes) -> np.ndarray:
     from PIL import Image
-    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))  # PNG, WebP or JPEG: Pillow sniffs it
 
 
 def commit_colours(commit_map: np.ndarray) -> np.ndarray:
@@ -198,10 +211,10 @@ def build_html(run: dict, samples: int = 24) -> str:
             f"{len(run['files'])} committed shards &middot; {len(ok)} images ok, {len(bad)} failed")
     body = []
 
-    shown = [im for im in images if im["png"] is not None][:samples]
+    shown = [im for im in images if im["image"] is not None][:samples]
     body.append(f"<h2>Samples ({len(shown)} of {len(ok)})</h2><div class=\"grid\">")
     for im in shown:
-        body.append(_tile(plots.array_png(decode_png(im["png"]), scale=max(1, 192 // max(1, im["width"] or 64))),
+        body.append(_tile(plots.array_png(decode_image(im["image"]), scale=max(1, 192 // max(1, im["width"] or 64))),
                           im["prompt"] or ""))
     body.append("</div>")
 
@@ -214,7 +227,7 @@ def build_html(run: dict, samples: int = 24) -> str:
         cm = commit_grid(st_by_id.get(im["prompt_id"], {}))
         if cm is None:
             continue
-        img = decode_png(im["png"])
+        img = decode_image(im["image"])
         pair = np.concatenate([img, np.full((img.shape[0], 2, 3), 255, np.uint8), heatmap_overlay(img, cm)], axis=1)
         spec = float(np.isin(cm, SPECULATED).mean())
         cap = f"{im['prompt']} (speculated {spec:.0%}, {st_by_id[im['prompt_id']]['forwards']} forwards)"

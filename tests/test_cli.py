@@ -31,6 +31,8 @@ def run(*args, timeout=300):
     (["generate", "--prompts", "x.parquet", "--device-type", "tpu-v9"], "known"),
     (["generate", "--prompts", "x.parquet", "--batch-size", "0"], "--batch-size must be >= 1"),
     (["generate", "--prompts", "x.parquet", "--device-type", "h100"], "priced per GPU"),
+    (["generate", "--prompts", "x.parquet", "--image-format", "gif"], "--image-format must be one of png, webp"),
+    (["generate", "--prompts", "x.parquet", "--image-format", "jpeg", "--quality", "0"], "--quality must be in"),
     (["status", "/nonexistent/run"], "no ssdgen run here"),
 ])
 def test_bad_input_gets_a_clear_error(args, message, tmp_path):

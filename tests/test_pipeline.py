@@ -28,8 +28,8 @@ def test_s3_run_exactly_once_and_faults_reproduce_images(s3, tmp_path):
     b, stats = _committed("s3://ssdgen-test/faulty")
     ids = b.column("prompt_id").to_pylist()
     assert sorted(ids) == sorted(r["prompt_id"] for r in rows) and len(set(ids)) == 256  # each exactly once
-    png_a = dict(zip(a.column("prompt_id").to_pylist(), a.column("png").to_pylist()))
-    png_b = dict(zip(ids, b.column("png").to_pylist()))
+    png_a = dict(zip(a.column("prompt_id").to_pylist(), a.column("image").to_pylist()))
+    png_b = dict(zip(ids, b.column("image").to_pylist()))
     assert png_a == png_b  # byte-identical despite 3 actor deaths and 5 storage errors
     assert set(stats.column("status").to_pylist()) == {"ok"}
     # no uncommitted attempt survives the run's garbage collection
@@ -71,8 +71,9 @@ def test_bad_rows_become_error_rows_and_the_shard_commits(tmp_path):
     assert "zeppelin" in st["unknown-words"]["error"]
     assert st["huge"]["status"] == "error" and "token" in st["huge"]["error"]
     assert all(st[r["prompt_id"]]["status"] == "ok" and st[r["prompt_id"]]["forwards"] == 256 for r in good)
-    png = {r["prompt_id"]: r["png"] for r in images.to_pylist()}
-    assert png["null"] is None and png[good[0]["prompt_id"]][:8] == b"\x89PNG\r\n\x1a\n"
+    png = {r["prompt_id"]: r["image"] for r in images.to_pylist()}
+    assert png["null"] is None and png[good[0]["prompt_id"]]["bytes"][:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(images.column("image_format").to_pylist()) == {"png"}
 
 
 def test_input_errors_name_the_file_and_commit_nothing(tmp_path, s3):

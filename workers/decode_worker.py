@@ -3,7 +3,7 @@
 Ray Data's callable-class pattern, held by hand: `__init__` does the expensive load, `decode` does the work.
 It is a plain class; the flow wraps it with `ray.remote(...).options(num_cpus=, num_gpus=, max_restarts=-1)`,
 so a crashed actor is restarted (and reloads) by Ray. The actor does no storage I/O: it takes prompt rows
-and returns PNG bytes, token grids and statistics, so the flow that owns the output layout decides what is
+and returns encoded image bytes (PNG, WebP or JPEG, see `encode_image`), token grids and statistics, so the flow that owns the output layout decides what is
 committed.
 
 Per-sample failures never fail the batch: a row that arrives with an error, a prompt the model rejects, or a
@@ -29,6 +29,8 @@ class WorkerSpec:
     model: str = "reference"
     decode: dict = field(default_factory=dict)  # a DecodeSpec's to_dict(): the spec the CLI parsed, unchanged
     threads: int = 1  # torch intra-op threads per actor (CPU): actors × threads should match the cores
+    image_format: str = "png"  # png | webp | jpeg: encoded here, on the actor, so the driver never holds pixels
+    quality: int = 90  # webp/jpeg quality; png is lossless and ignores it
 
 
 def _fault_token(fault_dir: str, name: str) -> bool:
@@ -40,12 +42,39 @@ def _fault_token(fault_dir: str, name: str) -> bool:
         return False
 
 
-def png_bytes(img: np.ndarray) -> bytes:
-    """Deterministic PNG bytes (fixed compression level, no metadata), so a retried shard is byte-identical."""
+IMAGE_FORMATS = ("png", "webp", "jpeg")
+
+
+def check_image_format(image_format: str, quality: int) -> None:
+    """Reject an unknown format or a quality outside 1..100 (a user error, before any work starts)."""
+    if image_format not in IMAGE_FORMATS:
+        raise ValueError(f"--image-format must be one of {', '.join(IMAGE_FORMATS)}, got {image_format!r}")
+    if not 1 <= quality <= 100:
+        raise ValueError(f"--quality must be in 1..100, got {quality}")
+
+
+def encode_image(img: np.ndarray, image_format: str = "png", quality: int = 90) -> bytes:
+    """Deterministic image bytes: every encoder option is pinned and no metadata (EXIF, ICC, timestamps) is
+    written, so a retried shard is byte-identical to the first attempt in every format."""
     from PIL import Image
     buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="PNG", compress_level=6)
+    im = Image.fromarray(img)
+    if image_format == "png":
+        im.save(buf, format="PNG", compress_level=6)
+    elif image_format == "webp":
+        # method 4 is libwebp's default speed/size trade-off, pinned so a Pillow upgrade cannot change it
+        im.save(buf, format="WEBP", quality=quality, method=4, lossless=False, exact=False)
+    elif image_format == "jpeg":
+        # fixed chroma subsampling (4:2:0) and no optimizer pass or progressive scan: one encoding per input
+        im.save(buf, format="JPEG", quality=quality, subsampling=2, optimize=False, progressive=False)
+    else:
+        raise ValueError(f"unknown image format {image_format!r} (expected one of {', '.join(IMAGE_FORMATS)})")
     return buf.getvalue()
+
+
+def png_bytes(img: np.ndarray) -> bytes:
+    """Deterministic PNG bytes (fixed compression level, no metadata); kept for callers that want PNG."""
+    return encode_image(img, "png")
 
 
 class DecodeWorker:
@@ -102,7 +131,7 @@ class DecodeWorker:
         the audit (see `_audit`). load_s is this incarnation's model load on its first batch, else 0, and
         `worker` says where it ran: the flow needs no extra call per shard to learn either.
 
-        Each sample: prompt_id, status ("ok" | "error"), error, png, width, height, tokens, stats (a flat
+        Each sample: prompt_id, status ("ok" | "error"), error, image (bytes in the spec's format), width, height, tokens, stats (a flat
         dict, see decoders.stats.SampleStats.to_row), latency_s."""
         tag = tag or {}
         t0 = time.perf_counter()
@@ -169,7 +198,8 @@ class DecodeWorker:
         for r, tok, img, st in zip(group, tokens, images, stats):
             row = st.to_row()
             out[r["prompt_id"]] = {
-                "prompt_id": r["prompt_id"], "status": "ok", "error": None, "png": png_bytes(img),
+                "prompt_id": r["prompt_id"], "status": "ok", "error": None,
+                "image": encode_image(img, self.spec.image_format, self.spec.quality),
                 "width": int(img.shape[1]), "height": int(img.shape[0]), "tokens": tok.astype(np.int32).tolist(),
                 "grid": list(st.commit_map.shape), "stats": row, "latency_s": per}
 
@@ -185,5 +215,5 @@ def _node_id() -> str | None:
 
 
 def _error(row: dict, message: str) -> dict:
-    return {"prompt_id": row["prompt_id"], "status": "error", "error": message, "png": None, "width": None,
+    return {"prompt_id": row["prompt_id"], "status": "error", "error": message, "image": None, "width": None,
             "height": None, "tokens": None, "grid": None, "stats": None, "latency_s": 0.0}

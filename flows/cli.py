@@ -69,10 +69,14 @@ def _flow_console():
 
 def _stop_prefect_server() -> None:
     """Send the queued run logs (the failure's traceback among them), then stop the temporary Prefect server
-    this process started, if any. Best effort: it uses a private Prefect API, and atexit stops it anyway."""
+    this process started in ephemeral mode (no API URL configured), if any. Best effort: it uses a private
+    Prefect API, and atexit stops it anyway."""
     try:
         from prefect.logging.handlers import APILogHandler
         from prefect.server.api.server import SubprocessASGIServer
+        from prefect.settings import get_current_settings
+        if get_current_settings().api.url:  # a configured API (a real server, a test harness): not ours to stop
+            return
         for h in logging.getLogger("prefect.flow_runs").handlers:
             if isinstance(h, APILogHandler):
                 h.flush()

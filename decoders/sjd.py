@@ -27,7 +27,7 @@ import time
 import torch
 
 from .ar import prefill
-from .configs import INITS, SJDConfig  # noqa: F401 - re-exported
+from .configs import SJDConfig  # noqa: F401 - re-exported
 from .drafters import Drafter, guess_drafter
 from .protocol import ImageTokenModel, check_request
 from .sampling import (PositionNoise, SamplingConfig, gumbel_sample, make_generators, model_device, processed_probs,

@@ -5,12 +5,11 @@ import pytest
 import torch
 
 from decoders import decode, decoder_config
-from decoders.sampling import SamplingConfig
 from decoders.stats import COMMIT_BONUS
 from decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
 from decoders.ssd_train import DistillConfig, train_heads
 from test_decoders import GREEDY, POSITIONS, PROMPTS, SAMPLED, _same_distribution
-from tiny import tiny_model, tiny_with_heads
+from tiny import tiny_with_heads
 
 
 @pytest.fixture(scope="module")

@@ -164,4 +164,6 @@ def decoder_config(name: str, params: dict | None = None):
     relax = Relaxation(**{k: params.pop(k) for k in list(params) if k in _RELAX}) if fam.relaxed else Relaxation()
     return (SSDConfig if fam.engine == "ssd" else SJDConfig)(relax=relax, **params)
 
-
+# The seeds of the AR reference set that fidelity measurements (`ssdgen fidelity`, `--audit`) compare a decoder
+# with: seed + this offset, so the reference samples are independent of every decoder's own.
+REFERENCE_SEED_OFFSET = 7_000_000

@@ -4,7 +4,7 @@ A prompt is audited when a hash of its prompt_id falls below FRACTION (`is_audit
 the id alone, not on sharding, batch-mates or attempts, so a retried or resumed shard audits exactly the same
 prompts. For each audited prompt the actor (workers.decode_worker) scores the main decoder's tokens under the
 target (`decoders.fidelity.target_nll`) and decodes the prompt again with `ar` from an independent seed
-(seed + flows.fidelity.REFERENCE_SEED_OFFSET, the seeds `ssdgen fidelity` gives its AR reference set) and
+(seed + decoders.configs.REFERENCE_SEED_OFFSET, the seeds `ssdgen fidelity` gives its AR reference set) and
 scores those. The rows go to `{attempt}/audit.parquet`, listed in the shard's commit marker like its images
 and stats, so they are committed exactly once with the shard; a resume skips committed shards and so never
 audits a prompt twice.
@@ -24,6 +24,8 @@ import posixpath
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from decoders.configs import REFERENCE_SEED_OFFSET
 
 from .cost import Price, shard_cost
 
@@ -59,7 +61,6 @@ def check_audit(fraction: float, tolerance: float) -> None:
 def mark_rows(rows: list[dict], fraction: float) -> int:
     """Give each audited row (with no input error) its AR seed, `audit_seed`; the actor audits exactly these.
     Returns how many were marked."""
-    from .fidelity import REFERENCE_SEED_OFFSET  # imported here: flows.fidelity loads torch
     n = 0
     for r in rows:
         if not r.get("error") and is_audited(r["prompt_id"], fraction):

@@ -78,7 +78,7 @@ class GenerateConfig:
 
     def validate(self) -> Price:
         from workers.decode_worker import check_image_format
-        from workers.models import check_model_spec
+        from models.registry import check_model_spec
         if not self.prompts:
             raise ValueError("--prompts: give at least one Parquet file or prefix")
         for name in ("shard_size", "batch_size", "actors"):

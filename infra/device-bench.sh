@@ -19,7 +19,7 @@
 # BENCH_BATCHES (1,4,16,64), BENCH_MODEL (a --model spec, e.g. reference:/path/to/tiny), e.g. BENCH_DEVICE=cpu BENCH_N=1 BENCH_QN=0 BENCH_BATCHES=1,2 infra/device-bench.sh /tmp/o cpu
 #
 # Shape replay: the forward shapes each decoder produced on the trained reference model (the bench's traces)
-# are replayed on random-weight Janus-Pro-1B- and 7B-shaped models in bf16 (flows/shape_replay.py): measured
+# are replayed on random-weight Janus-Pro-1B- and 7B-shaped models in bf16 (bench/shape_replay.py): measured
 # images/s per decoder and batch at the trace's 16x16 grid, and the roofline projection's error against them.
 # `--tiny` runs everything on the CPU with tiny shapes (the test suite does), producing the same files.
 #
@@ -98,7 +98,7 @@ import torch
 from decoders import decode
 from decoders.sampling import SamplingConfig
 from reference.prompts import eval_prompts
-from workers.models import load_model
+from models.registry import load_model
 out, dev = sys.argv[1], sys.argv[2]
 sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
 m = load_model(os.environ.get("BENCH_MODEL") or None, device=dev)
@@ -133,7 +133,7 @@ say "bench: decoders $DECODERS, n $N, quality_n $QN, device type $DT"
 
 # 5. the bench ---------------------------------------------------------------------------------------------
 bench() {
-    timeout "$1" "$PY" -m flows.cli bench --device "$DEV" --device-type "$DT" --decoders "$DECODERS" --n "$2" \
+    timeout "$1" "$PY" -m ssdgen.cli bench --device "$DEV" --device-type "$DT" --decoders "$DECODERS" --n "$2" \
         ${BENCH_MODEL:+--model "$BENCH_MODEL"} \
         --batch-sizes "$3" --quality-n "$4" --fidelity-n "${BENCH_FIDELITY_N:-0}" --json "$OUT/bench.json" --html "$OUT/bench.html" 2>&1 | tee -a "$OUT/bench.log"
     return "${PIPESTATUS[0]}"
@@ -146,10 +146,10 @@ fi
 # 6. shape replay: the forward shapes each decoder produced above, timed on Janus-Pro-1B/7B-shaped models --
 say "shape replay"
 if [ "$TINY" = 1 ]; then REPLAY=(--tiny --device cpu); else REPLAY=(--device "$DEV" --accelerator "$DT"); fi
-timeout 200 "$PY" -m flows.shape_replay "$OUT/bench.json" "$OUT/replay.json" --budget-s 150 "${REPLAY[@]}" \
+timeout 200 "$PY" -m bench.shape_replay "$OUT/bench.json" "$OUT/replay.json" --budget-s 150 "${REPLAY[@]}" \
     2>&1 | tee "$OUT/replay.log" || say "shape replay failed or overran (see replay.log)"
 
 # 7. the projection's method checked on this GPU (its bandwidth and FLOP/s measured here) -------------------
 say "projection check"
-"$PY" -m flows.projection_check "$OUT/bench.json" --out "$OUT/calibration.json" --device "$DEV" 2>&1 | tee "$OUT/calibration.log" || true
+"$PY" -m bench.projection_check "$OUT/bench.json" --out "$OUT/calibration.json" --device "$DEV" 2>&1 | tee "$OUT/calibration.log" || true
 say "done: $(find "$OUT" -maxdepth 1 -type f -printf '%f ')"

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from reference.gpt import GPT, GPTConfig
-from reference.model import ReferenceModel
+from models.reference import ReferenceModel
 from reference.vqvae import VQVAE, VQConfig
 from reference.weights import save_bundle
 

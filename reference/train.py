@@ -25,7 +25,7 @@ from decoders.spec import DecodeSpec
 
 from .figures import learning_curve_plot
 from .evaluate import generate  # imported up front: a long run must not pick up code edited while it trains
-from .model import ReferenceModel
+from models.reference import ReferenceModel
 from .prompts import eval_prompts
 from .scorer import load_scorer, score
 from .train_data import build_dataset, cached_tokenized_set

@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def ref_model():
-    from reference.model import ReferenceModel
+    from models.reference import ReferenceModel
     return ReferenceModel()
 
 

@@ -24,7 +24,7 @@ def test_selection_is_deterministic_and_takes_about_the_fraction():
 
 
 def test_mark_rows_skips_bad_rows_and_gives_the_reference_seed():
-    from flows.fidelity import REFERENCE_SEED_OFFSET
+    from decoders.configs import REFERENCE_SEED_OFFSET
     rows = [{"prompt_id": f"p{i}", "seed": i, "error": None} for i in range(50)]
     rows.append({"prompt_id": "bad", "seed": 1, "error": "prompt is null"})
     assert mark_rows(rows, 1.0) == 50 and "audit_seed" not in rows[-1]
@@ -109,7 +109,7 @@ def _audit_files(fs, out):
 
 def _cli(*args):
     from typer.testing import CliRunner
-    from flows.cli import app
+    from ssdgen.cli import app
     return CliRunner().invoke(app, list(args))
 
 

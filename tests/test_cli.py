@@ -11,7 +11,7 @@ GOOD = "a large red circle at the center on a flat gray background"
 
 
 def run(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ssdgen.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -10,7 +10,7 @@ from decoders import decode
 from decoders.fidelity import bootstrap_ci, paired_gap, ratio_gap, target_nll
 from decoders.sampling import SamplingConfig, processed_probs
 from decoders.spec import DecodeSpec
-from flows.fidelity import fidelity
+from bench.fidelity import fidelity
 from tiny import tiny_model
 
 PROMPT = "a large red circle at the center on a flat gray background"

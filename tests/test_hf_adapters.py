@@ -1,4 +1,4 @@
-"""The Hugging Face adapters (decoders/hf_adapters.py) on tiny randomly initialised Janus, Emu3 and Chameleon
+"""The Hugging Face adapters (models/hf.py) on tiny randomly initialised Janus, Emu3 and Chameleon
 models built offline from configs (2 layers, hidden 32): greedy speculative decoding equals greedy AR, with
 and without CFG, at batch 1 and 4; per-sample rollback equals a full recompute and leaves batch-mates alone."""
 
@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from decoders import decode  # noqa: E402
-from decoders.hf_adapters import (ChameleonAdapter, Emu3Adapter, HashPromptEncoder, JanusAdapter,  # noqa: E402
+from models.hf import (ChameleonAdapter, Emu3Adapter, HashPromptEncoder, JanusAdapter,  # noqa: E402
                                   load_model)
 from decoders.sampling import SamplingConfig  # noqa: E402
 

@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import decoders.hf_adapters as hf  # noqa: E402
+import models.hf as hf  # noqa: E402
 from decoders import decode  # noqa: E402
 from decoders.sampling import SamplingConfig  # noqa: E402
 from test_hf_adapters import PROMPTS, WORDS, tiny_janus  # noqa: E402

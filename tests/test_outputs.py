@@ -95,7 +95,7 @@ def test_format_is_a_recorded_setting_and_png_keeps_old_configs_comparable():
 def _cli(*args, home):
     # a private Prefect home: the temporary API server's database is not shared with other processes
     env = os.environ | {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    return subprocess.run([sys.executable, "-m", "flows.cli", "generate", *args, "--no-progress"],
+    return subprocess.run([sys.executable, "-m", "ssdgen.cli", "generate", *args, "--no-progress"],
                           capture_output=True, text=True, timeout=600, env=env)
 
 

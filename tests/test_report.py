@@ -47,7 +47,7 @@ def run(tmp_path_factory, prefect_server):
                  progress=False)
     assert s["images_ok"] == 5 and s["images_failed"] == 1 and s["shards_committed"] == 2
     html = d / "report.html"
-    from flows.report import write_report
+    from bench.report import write_report
     info = write_report(out, html)
     return {"out": out, "html": html, "text": html.read_text(encoding="utf-8"), "info": info}
 
@@ -72,10 +72,10 @@ def test_report_is_standalone_and_has_every_section(run):
 
 @pytest.mark.integration
 def test_no_committed_shards_is_a_clear_error(tmp_path):
-    from flows.report import write_report
+    from bench.report import write_report
     with pytest.raises(FileNotFoundError, match="no committed shards"):
         write_report(str(tmp_path), tmp_path / "r.html")
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "report", str(tmp_path / "nothing"), "--html",
+    r = subprocess.run([sys.executable, "-m", "ssdgen.cli", "report", str(tmp_path / "nothing"), "--html",
                         str(tmp_path / "r.html")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no committed shards" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "r.html").exists()
@@ -90,7 +90,7 @@ def _pair(text: str, prompt_id: str) -> np.ndarray:
 
 def test_heatmap_differs_between_flat_background_and_detailed_object(run):
     from decoders.stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED
-    from flows.report import load_run
+    from bench.report import load_run
     from reference.commit_maps import background_tokens
     bg = background_tokens(FLAT)  # [16, 16]: True where no token can touch the (centre) object
     assert 100 < bg.sum() < 250 and bg[0, 0] and not bg[8, 8]
@@ -122,7 +122,7 @@ def test_heatmap_differs_between_flat_background_and_detailed_object(run):
 
 def test_report_reads_a_run_on_s3(run, s3, tmp_path):
     """The same committed run copied to (moto's) S3: the report reads it through fsspec alone."""
-    from flows.report import write_report
+    from bench.report import write_report
     s3.put(run["out"] + "/", "ssdgen-test/run/", recursive=True)
     info = write_report("s3://ssdgen-test/run", tmp_path / "r.html")
     assert info == {"shards": 2, "images_ok": 5, "images_failed": 1}

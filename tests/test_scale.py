@@ -121,7 +121,7 @@ def test_a_group_raises_the_worst_error_of_its_shards():
 def test_driver_memory_stays_flat_over_2000_shards(tmp_path):
     """Today's (per-shard Prefect tasks) driver grew ~5 GB over this run; the bound is a tenth of that."""
     from typer.testing import CliRunner
-    from flows.cli import app
+    from ssdgen.cli import app
     js, png = tmp_path / "bs.json", tmp_path / "rss.png"
     r = CliRunner().invoke(app, ["bench-scale", "--n", "20000", "--shard-size", "10", "--actors", "2",
                                  "--json", str(js), "--plot", str(png)])
@@ -166,7 +166,7 @@ def test_a_driver_killed_mid_run_then_rerun_commits_every_prompt_once(tmp_path):
     # it kills a real driver with its Prefect task runs and Ray actors, and leaves nothing of its own behind
     env = os.environ | {"PREFECT_API_URL": prefect.settings.PREFECT_API_URL.value(),
                         "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "flows.cli", "generate", "--prompts", str(src), "--out", str(out), "--model", model,
+    cmd = [sys.executable, "-m", "ssdgen.cli", "generate", "--prompts", str(src), "--out", str(out), "--model", model,
            "--decoder", "ar", "--shard-size", "5", "--batch-size", "16", "--actors", "2", "--no-progress"]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from decoders.spec import DecodeSpec
-from flows.bench import bench
-from flows.shape_replay import main
+from bench.decode import bench
+from bench.shape_replay import main
 from tiny import tiny_model, tiny_with_heads
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -93,7 +93,7 @@ class DecodeWorker:
             pass
         from decoders import load_heads
         from decoders.spec import DecodeSpec
-        from workers.models import load_model
+        from models.registry import load_model
         self.decoding = DecodeSpec.from_dict(self.spec.decode)  # a config error fails here, before the long load
         self.model = load_model(self.spec.model, device=self.device)
         if self.decoding.family.startswith("ssd"):

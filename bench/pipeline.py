@@ -28,7 +28,7 @@ def run(n: int = 128, decoder: str = "ar", batch_size: int = 16, threads: int = 
     from flows.inputs import derive_seed
     from flows.pipeline import generate
     from reference.prompts import eval_prompts
-    from workers.models import load_model
+    from models.registry import load_model
 
     rows = [{"prompt_id": r["prompt_id"], "prompt": r["prompt"]} for r in eval_prompts(n)]
     work = Path(tempfile.mkdtemp(prefix="ssdgen-bench-pipeline-"))

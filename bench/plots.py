@@ -239,7 +239,7 @@ BENCH_COLS = [("decoder", "decoder"), ("batch_size", "batch"), ("n", "n"),
 
 
 def bench_html(res: dict, samples: dict | None = None) -> str:
-    """The bench result (flows.bench.bench's dict) as one standalone HTML page; `samples` (the bench's
+    """The bench result (bench.decode.bench's dict) as one standalone HTML page; `samples` (the bench's
     side-by-side images) add a grid of ar beside each decoder on the same prompts."""
     rows = res["rows"]
     p = res.get("price") or {}
@@ -302,10 +302,10 @@ def screenshot(html_path, png_path, width: int = 1200, height: int = 1600, timeo
     return str(png_path)
 
 
-if __name__ == "__main__":  # python -m flows.plots page.html page.png [WIDTH HEIGHT]
+if __name__ == "__main__":  # python -m bench.plots page.html page.png [WIDTH HEIGHT]
     import sys
     args = sys.argv[1:]
     if len(args) not in (2, 4):
-        sys.exit("usage: python -m flows.plots PAGE.html OUT.png [WIDTH HEIGHT]")
+        sys.exit("usage: python -m bench.plots PAGE.html OUT.png [WIDTH HEIGHT]")
     size = (int(args[2]), int(args[3])) if len(args) == 4 else (1200, 1600)
     print(screenshot(args[0], args[1], *size))

@@ -9,7 +9,7 @@ Cost: `usd_per_1k_images` = device-seconds per image x on-demand $ per device-ho
 `--device-type` row of `infra/prices.csv` (`flows.cost.price_for`). A device is what the row prices: on a CPU
 type a vCPU, and the bench is billed `torch.get_num_threads()` of them; on a GPU type, one GPU.
 
-Forward accounting (for `flows.projection`): every `start` (prefill) and `step` (one forward) the decoder
+Forward accounting (for `bench.projection`): every `start` (prefill) and `step` (one forward) the decoder
 makes is counted, with the rows it fed (CFG doubles them) and the query tokens per row, so a row also
 carries `forwards_per_batch` (prefill included), `rows_per_forward`, `tokens_fed_per_forward` and
 `prefill_tokens_per_image`. On CUDA the clock reads after a device synchronize, and one untimed warm-up
@@ -39,7 +39,7 @@ class ForwardCounter:
     (CFG's doubled batch included) and the query tokens per row. Wraps the instance's methods while active.
 
     While `recording`, each call is also appended to `trace` as [rows, tokens per row, context length]: the
-    forward shapes a decoder produced, which flows/shape_replay.py replays on bigger models."""
+    forward shapes a decoder produced, which bench/shape_replay.py replays on bigger models."""
 
     def __init__(self, model):
         self.model = model
@@ -117,7 +117,7 @@ def speed_row(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], bat
             "acceptance_rate": float(np.nanmean(accepted)) if not np.all(np.isnan(accepted)) else None,
             "seconds_per_image": secs / len(prompts), "images_per_s": len(prompts) / secs,
             "latency_p50_s": float(np.percentile(latencies, 50)), "latency_p90_s": float(np.percentile(latencies, 90)),
-            # model calls, for flows.projection (a batch runs as long as its slowest sample): forwards per
+            # model calls, for bench.projection (a batch runs as long as its slowest sample): forwards per
             # batch with the prefill, as forwards_per_image counts it; rows and tokens per step forward
             "batches": batches, "forwards_per_batch": (fc.prefills + fc.steps) / batches,
             "rows_per_forward": fc.step_rows / max(1, fc.steps),
@@ -246,7 +246,7 @@ FIDELITY_COLS = ("nll_gap", "nll_gap_ci", "indistinguishable", "within_tolerance
 
 def _add_fidelity(model, decs, rows, n, batch, seed, tolerance, log) -> dict | None:
     """Fidelity columns on every speed row of each decoder; returns the side-by-side samples (or None)."""
-    from flows.fidelity import fidelity
+    from bench.fidelity import fidelity
     from reference.prompts import eval_prompts
     ev = eval_prompts(n)
     fid = fidelity(model, decs, [r["prompt"] for r in ev], [seed * 1_000_003 + r["seed"] for r in ev],

@@ -8,8 +8,8 @@ import torch
 
 from decoders.protocol import StepOutput
 
-from . import captions as cap
-from .weights import load_bundle
+from reference import captions as cap
+from reference.weights import load_bundle
 
 
 class ReferenceModel:

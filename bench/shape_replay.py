@@ -8,10 +8,10 @@ their widths, depths, heads and image vocabulary) in bf16 gives a *measured* s/i
 that batch size on this device, at the trace's 16x16 grid. Native grids (24x24, 32x32) would need traces at
 those grids: anything said about them from this is an extrapolation and is labelled so.
 
-`projection_error` compares `flows.projection`'s roofline estimate for the same model size, decoder and
+`projection_error` compares `bench.projection`'s roofline estimate for the same model size, decoder and
 batch with the replayed measurement, so the projection's error on this device is known.
 
-    python -m flows.shape_replay BENCH_JSON OUT_JSON [--device cuda] [--shapes janus-pro-1b,janus-pro-7b]
+    python -m bench.shape_replay BENCH_JSON OUT_JSON [--device cuda] [--shapes janus-pro-1b,janus-pro-7b]
                                  [--budget-s 240] [--tiny]
 """
 
@@ -33,7 +33,7 @@ class Shape:
     n_heads: int
     mlp_hidden: int
     codes: int  # image-token vocabulary (the output head's width)
-    projection_model: str | None = None  # the flows.projection MODELS key of this size, if any
+    projection_model: str | None = None  # the bench.projection MODELS key of this size, if any
 
 
 SHAPES = {
@@ -104,7 +104,7 @@ def replay(bench: dict, shapes: list[Shape], device: str, dtype: torch.dtype, bu
 
 def projection_error(bench: dict, rows: list[dict], accelerator: str | None) -> list[dict]:
     """The roofline projection of each replayed row (same size, decoder, batch, grid) and its error."""
-    from flows import projection as pj
+    from bench import projection as pj
     if accelerator is None or accelerator not in pj.ACCELERATORS:
         return []
     stats = pj.decoder_stats(pj.as_bench(bench))
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--shapes", default="janus-pro-1b,janus-pro-7b")
     ap.add_argument("--budget-s", type=float, default=240.0)
-    ap.add_argument("--accelerator", default=None, help="flows.projection accelerator to compare with")
+    ap.add_argument("--accelerator", default=None, help="bench.projection accelerator to compare with")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes in fp32 (a CPU check of the command)")
     a = ap.parse_args(argv)
     bench = json.loads(open(a.bench_json).read())

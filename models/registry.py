@@ -10,13 +10,13 @@ HF_KINDS = ("janus", "emu3", "chameleon")
 
 
 def load_model(spec: str | None, device: str = "cpu"):
-    from reference.model import ReferenceModel
+    from models.reference import ReferenceModel
     if spec in (None, "", "reference"):
         return ReferenceModel(device=device)
     if spec.startswith("reference:"):
         return ReferenceModel(spec.split(":", 1)[1], device=device)
     if spec.split(":", 1)[0] in HF_KINDS:
-        from decoders.hf_adapters import load_model as load_hf
+        from models.hf import load_model as load_hf
         return load_hf(spec)
     raise ValueError(f"unknown model {spec!r}; use reference[:/path], janus:/path, emu3:/path or chameleon:/path")
 

@@ -31,7 +31,7 @@ Assumptions (stated in every result under "assumptions"):
   - one image per CFG pair of rows; a batch larger than the KV cap is reported as not fitting (no throughput);
   - price: on-demand $ per GPU-hour from infra/prices.csv; VQ decoding of tokens to pixels is not counted.
 
-`flows.projection_check.calibrate(bench)` applies the same method to the bench's own model on this CPU, with this CPU's bandwidth
+`bench.projection_check.calibrate(bench)` applies the same method to the bench's own model on this CPU, with this CPU's bandwidth
 and FLOP/s measured by a torch copy / matmul microbenchmark, and reports the error of the predicted s/image
 against the measured one.
 """
@@ -340,7 +340,7 @@ def project_cli(bench_json: Path, accelerators: str, models: str, batch_sizes: s
 
 
 def projection_html(result: dict) -> str:
-    from flows import plots
+    from bench import plots
     cols = [("accelerator", "accelerator"), ("model", "model"), ("grid", "grid"), ("decoder", "decoder"),
             ("batch_size", "batch"), ("bound", "bound"), ("tokens_per_forward", "tokens / forward"),
             ("tokens_in_flight", "tokens in flight"), ("seconds_per_forward", "s / forward"),

@@ -21,9 +21,9 @@ from tqdm import tqdm
 
 from decoders import run
 from decoders.fidelity import paired_gap, ratio_gap, target_nll
+from decoders.configs import REFERENCE_SEED_OFFSET
 from decoders.spec import DecodeSpec, common_sampling
 
-REFERENCE_SEED_OFFSET = 7_000_000  # the AR reference set's seeds: independent of every decoder's
 
 
 def decode_set(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], batch_size: int,

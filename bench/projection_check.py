@@ -1,8 +1,8 @@
 """The projection's method checked against benches measured on this machine: this device's bandwidth and
 FLOP/s measured by a copy / matmul microbenchmark, the roofline applied to the bench's own model, and the
-error of the predicted s/image against the measured one (flows/projection.py says what is projected).
+error of the predicted s/image against the measured one (bench/projection.py says what is projected).
 
-    python -m flows.projection_check BENCH.json [BENCH2.json ...] [--out OUT.json] [--device cuda] [--repeats 3]
+    python -m bench.projection_check BENCH.json [BENCH2.json ...] [--out OUT.json] [--device cuda] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def best_of(measures: list[dict]) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    """python -m flows.projection BENCH.json [BENCH2.json ...] [--out OUT.json] [--device cuda] [--repeats 3]:
+    """python -m bench.projection BENCH.json [BENCH2.json ...] [--out OUT.json] [--device cuda] [--repeats 3]:
     the projection's method checked against benches measured on this machine (its bandwidth and FLOP/s
     measured here, best of --repeats), error in % per decoder and batch. Eval JSONs count as one-row benches."""
     opts = {"--device": "cpu", "--out": None, "--repeats": "3"}
@@ -161,7 +161,7 @@ def main(argv: list[str]) -> None:
         else:
             files.append(a)
     if not files:
-        raise SystemExit("usage: python -m flows.projection BENCH.json [...] [--out OUT.json] [--device cuda]")
+        raise SystemExit("usage: python -m bench.projection BENCH.json [...] [--out OUT.json] [--device cuda]")
     bench = merge_benches(files)
     info = bench.get("model_info") or _reference_info(bench)
     weights = float(info["params"]) * float(info.get("bytes_per_param", 4))

@@ -31,7 +31,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from .protocol import StepOutput
+from decoders.protocol import StepOutput
 
 
 class PromptEncoder(Protocol):

@@ -1,5 +1,5 @@
 """`ssdgen` commands for models and their quality: training the reference model, its scorer and SSD heads,
-evaluating samples and heads, and the docs' figures. Registered on the one `app` of flows/cli.py."""
+evaluating samples and heads, and the docs' figures. ssdgen/cli.py puts them on its one app."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Optional
 
 import typer
 
-from flows.cli import CFG, DECODER, MODEL, SPEC_HELP, TOPK, _model, _sampling, _spec, app, friendly
+from ssdgen.options import CFG, DECODER, MODEL, SPEC_HELP, TOPK, model_of, sampling_of, spec_of, friendly
+
+app = typer.Typer()
 
 
 @app.command("train-reference")
@@ -66,7 +68,7 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: Optional[Path] = typer.Op
                     prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)")):
     """Train SSD's horizontal and vertical heads by self-distillation on the frozen model's own samples."""
     from decoders.ssd_train import DistillConfig, train_heads
-    m = _model(model)
+    m = model_of(model)
     dest = out or getattr(m, "default_heads", None)
     if dest is None:
         raise ValueError("--out is required for this model")
@@ -77,7 +79,7 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: Optional[Path] = typer.Op
         _, _, captions = build_dataset(n_images, seed + 99)  # training-distribution captions, eval set held out
     else:
         raise ValueError("--prompts is required for Hugging Face models")
-    heads, info = train_heads(m, captions, _sampling(cfg, 1.0, top_k, 1.0),
+    heads, info = train_heads(m, captions, sampling_of(cfg, 1.0, top_k, 1.0),
                               DistillConfig(n_images=n_images, steps=steps, seed=seed, kind=kind))
     heads.save(dest)
     typer.echo(json.dumps(info | {"path": str(dest)}, indent=1))
@@ -113,7 +115,7 @@ def tokenizer_report(n: int = 1024, json_path: Optional[Path] = typer.Option(Non
                      model: Optional[str] = MODEL):
     """VQ reconstruction PSNR per background kind, and above/left token agreement on real renders."""
     from reference.tokenizer_report import tokenizer_report as run
-    res = run(_model(model).vq, n)
+    res = run(model_of(model).vq, n)
     typer.echo(json.dumps(res, indent=1))
     if json_path:
         json_path.write_text(json.dumps(res, indent=1))
@@ -127,12 +129,12 @@ def eval_cmd(decoder: str = DECODER, n: int = 1024, batch_size: int = 64, seed: 
              model: Optional[str] = MODEL):
     """Decode the fixed eval prompts and report scene accuracy, object accuracy and FD."""
     from reference.evaluate import evaluate
-    spec = _spec(decoder)
+    spec = spec_of(decoder)
     if not 1 <= n <= 1024:
         raise ValueError(f"--n must be in 1..1024 (the eval set has 1,024 prompts), got {n}")
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-    res = evaluate(_model(model), spec, n, batch_size, seed)
+    res = evaluate(model_of(model), spec, n, batch_size, seed)
     rep = res["scorer"]
     typer.echo(f"model {res['model']}  decoder {spec}  n {res['n']}  batch {batch_size}  seed {seed}")
     for k in ("scene_accuracy", "object_accuracy", "fd", "fd_real_heldout", "forwards_per_image",
@@ -168,8 +170,8 @@ def figures(out: Path = typer.Option(Path("docs"), help="folder for the PNGs and
     from reference.evaluate import generate
     from reference.figures import captioned_grid
     from reference.prompts import eval_prompts
-    spec = _spec(csd)
-    m = _model(model)
+    spec = spec_of(csd)
+    m = model_of(model)
     out.mkdir(parents=True, exist_ok=True)
     rows = eval_prompts(16)
     prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
@@ -200,8 +202,8 @@ def eval_heads(heads: str = typer.Option("reference/weights/heads,reference/weig
     from decoders import load_heads
     from decoders.ssd_train import draft_acceptance
     from reference.prompts import eval_prompts
-    m = _model(model)
-    sc = _sampling(cfg, 1.0, 0, 1.0)
+    m = model_of(model)
+    sc = sampling_of(cfg, 1.0, 0, 1.0)
     rows = eval_prompts(n)
     res = {"n": n, "rows": []}
     for path in [h.strip() for h in heads.split(",") if h.strip()]:

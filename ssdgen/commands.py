@@ -1,0 +1,173 @@
+"""The pipeline's commands: sample, generate, serve, status, demo and report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ssdgen.options import AUDIT, AUDIT_TOL, DECODER, IMAGE_FORMAT, MODEL, QUALITY, flow_console, friendly, model_of, spec_of
+
+app = typer.Typer()
+
+
+@app.command()
+@friendly
+def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for several"),
+           n: int = typer.Option(4, help="images per prompt"), out: Path = typer.Option(Path("grid.png")),
+           seed: int = 0, decoder: str = DECODER, model: Optional[str] = MODEL):
+    """Sample images for prompts and save them as one grid PNG (a row per prompt)."""
+    import numpy as np
+    from PIL import Image
+    from decoders import run
+    if n < 1:
+        raise ValueError(f"--n must be >= 1, got {n}")
+    spec = spec_of(decoder)
+    m = model_of(model)
+    prompts = [p for p in prompt for _ in range(n)]
+    seeds = [seed + i for i in range(len(prompts))]
+    m.validate_prompts(prompts)
+    res = run(spec, m, prompts, seeds)
+    imgs = m.decode_images(res.tokens).numpy()
+    rows = [np.concatenate(list(imgs[i * n:(i + 1) * n]), axis=1) for i in range(len(prompt))]
+    Image.fromarray(np.concatenate(rows, axis=0)).save(out)
+    fwd = np.mean([s.forwards for s in res.stats])
+    typer.echo(f"wrote {out} ({len(prompts)} images, {decoder}, {fwd:.1f} forwards per image)")
+    policy = res.stats[0].extra.get("policy", "")
+    if policy.startswith("ar:"):  # a fall-back is reported, never silent
+        typer.echo(f"note: {decoder} decoded this batch as plain AR ({policy.removeprefix('ar: ')})")
+
+
+@app.command()
+@friendly
+def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or glob at any fsspec URL; repeatable"),
+             out: str = typer.Option("out/run", help="output URL (local path, s3://, gs://, ...)"),
+             decoder: str = DECODER, model: Optional[str] = MODEL,
+             shard_size: int = typer.Option(256, help="rows per shard"),
+             batch_size: int = typer.Option(16, help="prompts per decoder call"),
+             actors: int = typer.Option(2, help="Ray actors (each loads the model once)"),
+             cpus_per_actor: float = typer.Option(1.0, help="Ray num_cpus per actor (= torch threads on CPU)"),
+             gpus_per_actor: float = typer.Option(0.0, help="Ray num_gpus per actor (0 on CPU)"),
+             device_type: str = typer.Option("cpu", help="price row in infra/prices.csv (cpu, l4, h100, ...)"),
+             ray_address: Optional[str] = typer.Option(None, help="attach to a Ray cluster (default: RAY_ADDRESS, "
+                                                                   "else a local Ray)"),
+             cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit to hold "
+                                                                     "a slot of per GPU (per actor on CPUs)"),
+             seed: int = typer.Option(0, help="run seed; a row's own `seed` column wins"),
+             audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
+             image_format: str = IMAGE_FORMAT, quality: int = QUALITY,
+             progress: bool = typer.Option(True, help="show a progress bar")):
+    """Generate images for Parquet prompts with a Prefect flow on Ray actors; resumable (run it again)."""
+    from flows.inputs import list_inputs
+    from flows.pipeline import GenerateConfig, generate as flow
+    spec = spec_of(decoder)
+    # the flow validates again (deployments call it directly); here it fails fast, before Prefect starts
+    GenerateConfig(prompts=tuple(prompts), out=out, model=model or "reference", decoder=spec,
+                   shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
+                   gpus_per_actor=gpus_per_actor, device_type=device_type, audit=audit,
+                   audit_tolerance=audit_tolerance, image_format=image_format, quality=quality).validate()
+    list_inputs(list(prompts))
+    with flow_console():
+        summary = flow(prompts=prompts, out=out, model=model or "reference", decoder=str(spec), seed=seed,
+                       shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
+                       gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address,
+                       cluster_limit=cluster_limit, audit=audit, audit_tolerance=audit_tolerance,
+                       image_format=image_format, quality=quality, progress=progress)
+    _print_summary(summary)
+
+
+def _print_summary(s: dict) -> None:
+    from flows.cost import cost_table
+    typer.echo(f"shards {s['shards_committed']}/{s['shards_total']} committed ({s['shards_run_now']} this run); "
+               f"images ok {s['images_ok']}, failed {s['images_failed']}")
+    from flows.audit import audit_rows, warning
+    for r in cost_table(s) + audit_rows(s.get("audit")):
+        typer.echo(f"  {r['metric']:<34} {r['value']}")
+    if (w := warning(s.get("audit"))) is not None:
+        typer.echo(f"WARNING: {w}", err=True)
+    typer.echo(f"manifest: {s['manifest']}\nsummary:  {s['summary']}")
+
+
+@app.command()
+@friendly
+def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or glob; repeatable"),
+          out: str = typer.Option(..., help="output URL; `{date}` becomes the run's scheduled date"),
+          cron: str = typer.Option("0 2 * * *", help="schedule (cron, UTC)"), name: str = "nightly",
+          decoder: str = DECODER, model: Optional[str] = MODEL, shard_size: int = 256, batch_size: int = 16,
+          actors: int = 2, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
+          cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit (see generate)"),
+          audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
+          image_format: str = IMAGE_FORMAT, quality: int = QUALITY):
+    """Serve the generation flow as a Prefect deployment on a cron schedule (runs until stopped)."""
+    from flows.audit import check_audit
+    from flows.pipeline import generate as flow
+    spec = spec_of(decoder)
+    from workers.decode_worker import check_image_format
+    check_audit(audit, audit_tolerance)
+    check_image_format(image_format, quality)
+    flow.serve(name=name, cron=cron, parameters={
+        "prompts": prompts, "out": out, "model": model or "reference", "decoder": str(spec), "shard_size": shard_size,
+        "batch_size": batch_size, "actors": actors, "cpus_per_actor": cpus_per_actor,
+        "gpus_per_actor": gpus_per_actor, "device_type": device_type, "cluster_limit": cluster_limit,
+        "audit": audit, "audit_tolerance": audit_tolerance, "image_format": image_format, "quality": quality,
+        "progress": False})
+
+
+@app.command()
+@friendly
+def status(url: str = typer.Argument(..., help="a run's output URL")):
+    """Shards done, pending and failed, and the cost so far."""
+    from flows.pipeline import run_status
+    st = run_status(url)
+    typer.echo(f"{url}: {st['shards_done']} done, {st['shards_pending']} pending, {len(st['shards_failed'])} failed "
+               f"of {st['shards_total']} shards; images ok {st['images_ok']}, failed {st['images_failed']}")
+    for k, v in st["shards_failed"].items():
+        typer.echo(f"  failed shard {k}: {v}")
+    if st["cost"]:
+        c = st["cost"]
+        typer.echo(f"  cost so far: ${c['usd_on_demand']:.4f} on demand"
+                   + (f", ${c['usd_spot']:.4f} spot" if c.get("usd_spot") is not None else "")
+                   + f" ({c['device_seconds_allocated']:.1f} device-seconds on {c['price']['device_type']})")
+    from flows.audit import audit_rows, warning
+    for r in audit_rows(st["audit"]):
+        typer.echo(f"  {r['metric']:<34} {r['value']}")
+    if (w := warning(st["audit"])) is not None:
+        typer.echo(f"WARNING: {w}", err=True)
+
+
+@app.command()
+@friendly
+def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: str = DECODER,
+         batch_size: int = 8, actors: int = 2, model: Optional[str] = MODEL):
+    """The embedded default job: the bundled example prompts (Parquet) through the Prefect flow on local Ray
+    actors into OUT/run, then a grid.png of the committed images."""
+    import io
+    import numpy as np
+    import pyarrow.parquet as pq
+    from PIL import Image
+    from flows.pipeline import generate as flow
+    from reference.prompts import EXAMPLES_PARQUET
+    with flow_console():
+        summary = flow(prompts=[str(EXAMPLES_PARQUET)], out=str(out / "run"), model=model or "reference",
+                       decoder=str(spec_of(decoder)), shard_size=4, batch_size=batch_size, actors=actors, progress=True)
+    _print_summary(summary)
+    man = pq.read_table(summary["manifest"].removeprefix("file://")).to_pylist()
+    tables = [pq.read_table(m["images_url"].removeprefix("file://"), columns=["prompt_id", "image"]) for m in man]
+    imgs = [r["image"]["bytes"] for t in tables for r in t.to_pylist() if r["image"]]
+    grid = np.concatenate([np.asarray(Image.open(io.BytesIO(b)).convert("RGB")) for b in imgs], axis=1)
+    Image.fromarray(grid).save(out / "grid.png")
+    typer.echo(f"{len(imgs)} images -> {(out / 'run').resolve()}/ (shards/*/attempt-*/images.parquet); "
+               f"look at {(out / 'grid.png').resolve()}")
+
+
+@app.command("report")
+@friendly
+def report_cmd(url: str = typer.Argument(..., help="a run's output URL (local path, file://, s3://, ...)"),
+               html: Path = typer.Option(Path("report.html"), "--html", help="where to write the HTML"),
+               samples: int = typer.Option(24, help="images in the sample grid and the heatmaps")):
+    """A standalone HTML report of a pipeline run, from its committed Parquet and JSON only."""
+    from bench.report import write_report
+    info = write_report(url, html, samples=samples)
+    typer.echo(f"wrote {html} ({info['shards']} committed shards, {info['images_ok']} images ok, "
+               f"{info['images_failed']} failed)")

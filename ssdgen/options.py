@@ -1,0 +1,123 @@
+"""What every `ssdgen` command shares: user errors as one line, the decode-spec and model options, and the
+edge where their text is parsed into typed configs (the commands live in ssdgen/commands.py,
+bench/commands.py and reference/commands.py; ssdgen/cli.py puts them on one app).
+
+Errors users can cause (bad captions, bad parameters, missing files) print one clear line and exit 2;
+they never end in a raw stack trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from typing import Optional
+
+import typer
+
+
+USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, KeyError)
+
+
+def friendly(fn):
+    """Turn user-facing exceptions into `error: ...` and exit code 2."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except USER_ERRORS as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+            typer.echo(f"error: {msg}", err=True)
+            raise typer.Exit(2)
+    return wrapper
+
+
+class _QuietUserErrors(logging.Filter):
+    """Drops, on the console only, Prefect's "Encountered exception" record of a user error: its traceback
+    stays in the Prefect logs (the API handler sits on a child logger and has already sent it), and the
+    console ends with `friendly`'s one `error:` line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, USER_ERRORS)
+
+
+@contextlib.contextmanager
+def flow_console():
+    """Around a flow call: keep user errors' tracebacks off the console, and on such an error stop Prefect's
+    temporary API server now (it would log its shutdown at exit, after the `error:` line)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+    # Prefect's console handler sits on the root logger (the "prefect" logger only propagates to it)
+    handlers = [h for name in ("", "prefect") for h in logging.getLogger(name).handlers
+                if isinstance(h, PrefectConsoleHandler)]
+    quiet = _QuietUserErrors()
+    for h in handlers:
+        h.addFilter(quiet)
+    try:
+        yield
+    except USER_ERRORS:
+        _stop_prefect_server()
+        raise
+    finally:
+        for h in handlers:
+            h.removeFilter(quiet)
+
+
+def _stop_prefect_server() -> None:
+    """Send the queued run logs (the failure's traceback among them), then stop the temporary Prefect server
+    this process started in ephemeral mode (no API URL configured), if any. Best effort: it uses a private
+    Prefect API, and atexit stops it anyway."""
+    try:
+        from prefect.logging.handlers import APILogHandler
+        from prefect.server.api.server import SubprocessASGIServer
+        from prefect.settings import get_current_settings
+        if get_current_settings().api.url:  # a configured API (a real server, a test harness): not ours to stop
+            return
+        for h in logging.getLogger("prefect.flow_runs").handlers:
+            if isinstance(h, APILogHandler):
+                h.flush()
+        for server in list(getattr(SubprocessASGIServer, "_instances", {}).values()):
+            server.stop()
+    except Exception:  # noqa: BLE001 - only tidies the console
+        pass
+
+
+def sampling_of(cfg: float, temperature: float, top_k: int, top_p: float):
+    from decoders.sampling import SamplingConfig
+    return SamplingConfig(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+def model_of(model: Optional[str]):
+    from models.registry import load_model
+    return load_model(model)
+
+
+def spec_of(text: str):
+    """The one place a decode spec is parsed (decoders/spec.py); errors name the spec and the key."""
+    from decoders.spec import DecodeSpec
+    return DecodeSpec.parse(text)
+
+
+def specs_of(text: str) -> list:
+    return [spec_of(t) for t in text.split(",") if t.strip()]
+
+
+SPEC_HELP = ("decode spec: family[:key=value]..., family one of ar, sjd, csd, ssd, ssd+csd; keys are the "
+             "decoder's parameters, cfg, temperature, top_k, top_p and heads (docs/decoders.md), "
+             "e.g. ssd+csd:rows=2:cfg=3")
+DECODER = typer.Option("ar", "--decoder", help=SPEC_HELP)
+CFG = typer.Option(3.0, "--cfg", help="classifier-free guidance scale (1 = off)")
+TOPK = typer.Option(0, "--top-k", help="keep the k most likely tokens (0 = off)")
+MODEL = typer.Option(None, help="model: reference (default), reference:/bundle, janus:/ckpt, emu3:/ckpt, "
+                                 "chameleon:/ckpt")
+AUDIT = typer.Option(0.0, "--audit", metavar="FRACTION",
+                     help="also decode this fraction of the prompts (chosen by prompt_id) with ar and report the "
+                          "NLL gap to it in summary.json; 0 = no audit")
+AUDIT_TOL = typer.Option(0.15, "--audit-tolerance", help="allowed |NLL gap| of the audit, nats/token (95% interval)")
+IMAGE_FORMAT = typer.Option("png", "--image-format", help="encoding of the stored images: png (lossless), webp or jpeg")
+QUALITY = typer.Option(90, "--quality", help="webp/jpeg quality, 1..100 (png ignores it)")
+
+
+def model_on(model: Optional[str], device: str):
+    from models.registry import load_model
+    return load_model(model, device=device)

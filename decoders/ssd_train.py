@@ -64,12 +64,16 @@ def collect(model, prompts: list[str], sc: SamplingConfig, dc: DistillConfig) ->
 
 
 def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig(),
-                dc: DistillConfig = DistillConfig(), log=print) -> tuple[SpatialHeads, dict]:
+                dc: DistillConfig = DistillConfig(), log=print,
+                data: dict[str, torch.Tensor] | None = None) -> tuple[SpatialHeads, dict]:
+    """Self-distil heads of kind dc.kind on the frozen model's samples of `prompts`. `data` is `collect`'s
+    result when the caller already has it (latent and token heads can learn from one set of samples)."""
     t0 = time.perf_counter()
     for part in vars(model).values():  # the backbone is frozen: gradients flow through it to the heads only
         if isinstance(part, torch.nn.Module):
             part.requires_grad_(False)
-    data = collect(model, prompts[:dc.n_images], sc, dc)
+    if data is None:
+        data = collect(model, prompts[:dc.n_images], sc, dc)
     t_collect = time.perf_counter() - t0
     h, e = data["h"], data["e"]  # [M, N-1, D], [M, N, E]
     M, W = h.shape[0], model.grid[1]

@@ -3,7 +3,9 @@ evaluating samples and heads, and the docs' figures. ssdgen/cli.py puts them on 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -58,20 +60,31 @@ def train_scorer(out: Path = typer.Option(None, help="scorer weights file"), ste
     typer.echo(f"wrote {out or DEFAULT_PATH}")
 
 
-
 @app.command("train-heads")
 @friendly
-def train_heads_cmd(model: Optional[str] = MODEL, out: Optional[Path] = typer.Option(
-                        None, help="heads path without suffix (default: the model's own, e.g. reference/weights/heads)"),
-                    n_images: int = 2048, steps: int = 1500, kind: str = typer.Option("latent", help="latent or token"),
+def train_heads_cmd(model: Optional[str] = MODEL, out: Optional[str] = typer.Option(
+                        None, help="heads path without suffix, one per kind, comma-separated (default: the model's "
+                                   "own, reference/weights/heads for latent heads and heads-token for token heads)"),
+                    n_images: int = 2048, steps: int = 1500,
+                    kind: str = typer.Option("latent", help="latent, token, or latent,token (both learn from one "
+                                                            "set of samples)"),
                     cfg: float = CFG, top_k: int = TOPK, seed: int = 0,
                     prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)")):
     """Train SSD's horizontal and vertical heads by self-distillation on the frozen model's own samples."""
-    from decoders.ssd_train import DistillConfig, train_heads
+    from decoders.ssd_train import DistillConfig, collect, train_heads
+    kinds = [k.strip() for k in kind.split(",") if k.strip()]
+    if not kinds or set(kinds) - {"latent", "token"} or len(set(kinds)) < len(kinds):
+        raise ValueError(f"--kind must be latent, token or latent,token; got {kind!r}")
     m = model_of(model)
-    dest = out or getattr(m, "default_heads", None)
-    if dest is None:
+    default = getattr(m, "default_heads", None)
+    if out is not None:
+        dests = [Path(o.strip()) for o in out.split(",")]
+        if len(dests) != len(kinds):
+            raise ValueError(f"--out names {len(dests)} path(s) for {len(kinds)} kind(s) ({kind})")
+    elif default is None:
         raise ValueError("--out is required for this model")
+    else:
+        dests = [default if k == "latent" else default.with_name(default.name + "-token") for k in kinds]
     if prompts is not None:
         captions = [line.strip() for line in prompts.read_text().splitlines() if line.strip()]
     elif model in (None, "reference") or model.startswith("reference:"):
@@ -79,11 +92,15 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: Optional[Path] = typer.Op
         _, _, captions = build_dataset(n_images, seed + 99)  # training-distribution captions, eval set held out
     else:
         raise ValueError("--prompts is required for Hugging Face models")
-    heads, info = train_heads(m, captions, sampling_of(cfg, 1.0, top_k, 1.0),
-                              DistillConfig(n_images=n_images, steps=steps, seed=seed, kind=kind))
-    heads.save(dest)
-    typer.echo(json.dumps(info | {"path": str(dest)}, indent=1))
-
+    sc = sampling_of(cfg, 1.0, top_k, 1.0)
+    base = DistillConfig(n_images=n_images, steps=steps, seed=seed)
+    t0 = time.perf_counter()
+    data = collect(m, captions[:n_images], sc, base) if len(kinds) > 1 else None  # sampled once, for every kind
+    shared = {"shared_collect_s": time.perf_counter() - t0} if data is not None else {}
+    for k, dest in zip(kinds, dests):
+        heads, info = train_heads(m, captions, sc, dataclasses.replace(base, kind=k), data=data)
+        heads.save(dest)
+        typer.echo(json.dumps(info | shared | {"kind": k, "path": str(dest)}, indent=1))
 
 
 @app.command("eval-scorer")
@@ -108,7 +125,6 @@ def eval_scorer(n: int = 1024, json_path: Optional[Path] = typer.Option(None, "-
         json_path.write_text(json.dumps(res, indent=1))
 
 
-
 @app.command("tokenizer-report")
 @friendly
 def tokenizer_report(n: int = 1024, json_path: Optional[Path] = typer.Option(None, "--json"),
@@ -119,7 +135,6 @@ def tokenizer_report(n: int = 1024, json_path: Optional[Path] = typer.Option(Non
     typer.echo(json.dumps(res, indent=1))
     if json_path:
         json_path.write_text(json.dumps(res, indent=1))
-
 
 
 @app.command("eval")
@@ -152,7 +167,6 @@ def eval_cmd(decoder: str = DECODER, n: int = 1024, batch_size: int = 64, seed: 
         out = {k: res[k] for k in keys} | {"fd_real_heldout": res["fd_real_heldout"], "details": res}
         json_path.write_text(json.dumps(out, indent=1))
         typer.echo(f"wrote {json_path}")
-
 
 
 @app.command("figures")

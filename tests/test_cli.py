@@ -34,6 +34,7 @@ def run(*args, timeout=300):
     (["generate", "--prompts", "x.parquet", "--image-format", "gif"], "--image-format must be one of png, webp"),
     (["generate", "--prompts", "x.parquet", "--image-format", "jpeg", "--quality", "0"], "--quality must be in"),
     (["status", "/nonexistent/run"], "no ssdgen run here"),
+    (["train-heads", "--kind", "latent,pixel"], "--kind must be latent, token or latent,token"),
 ])
 def test_bad_input_gets_a_clear_error(args, message, tmp_path):
     r = run(*args, *([] if args[0] != "sample" else ["--out", str(tmp_path / "x.png")]))
@@ -48,6 +49,17 @@ def test_sample_writes_a_grid(tmp_path):
     r = run("sample", "--prompt", GOOD, "--n", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert Image.open(out).size == (128, 64)
+
+
+def test_train_heads_trains_both_kinds_from_one_sample_set(tmp_path):
+    from reference.tiny import tiny_model
+    tiny_model(tmp_path / "tiny")
+    r = run("train-heads", "--model", f"reference:{tmp_path / 'tiny'}", "--kind", "latent,token", "--n-images", "4",
+            "--steps", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("\"shared_collect_s\"") == 2  # both kinds report the one shared sampling pass
+    for name in ("heads", "heads-token"):
+        assert (tmp_path / "tiny" / f"{name}.safetensors").exists(), name
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
-from flows.layout import CONFIG, MANIFEST, SUMMARY, Output
+from flows.layout import CONFIG, MANIFEST, SUMMARY, Output, file_kind
 
 from . import plots
 
@@ -47,15 +48,16 @@ def committed_files(out: Output) -> tuple[list[dict], dict[int, dict]]:
     if markers:
         files = []
         for sid in sorted(markers):
-            by_kind = {Path(f["path"]).name.split(".")[0]: out.path(f["path"]) for f in markers[sid]["files"]}
-            files.append({"shard": sid, "images_url": by_kind["images"], "stats_url": by_kind["stats"]})
+            by_kind = {file_kind(f["path"]): out.path(f["path"]) for f in markers[sid]["files"]}
+            files.append({"shard": sid, "images_url": by_kind.get("images"), "stats_url": by_kind["stats"],
+                          "tar_url": by_kind.get("tar")})
         return files, markers
     if out.fs.exists(out.path(MANIFEST)):
         with out.fs.open(out.path(MANIFEST), "rb") as f:
             man = pq.read_table(f).to_pylist()
         if man:
-            return [{"shard": m["shard"], "images_url": m["images_url"], "stats_url": m["stats_url"]}
-                    for m in man], {}
+            return [{"shard": m["shard"], "images_url": m["images_url"], "stats_url": m["stats_url"],
+                     "tar_url": m.get("tar_url")} for m in man], {}
     raise FileNotFoundError(f"{out.url}: no committed shards (no {MANIFEST} and no shards/*/_SUCCESS.json); "
                             "nothing to report: is this a run's --out URL, and has a shard finished?")
 
@@ -64,6 +66,28 @@ def _read(out: Output, url: str, columns=None) -> pa.Table:
     fs, path = (out.fs, url) if "://" not in url else _fs_for(url)
     with fs.open(path, "rb") as f:
         return pq.read_table(f, columns=columns)
+
+
+def _shard_images(out: Output, f: dict) -> list[dict]:
+    """A committed shard's image rows, from its images Parquet or, in a `--format webdataset` run, its tar."""
+    return _image_rows(out, f["images_url"]) if f["images_url"] else _tar_rows(out, f["tar_url"])
+
+
+def _tar_rows(out: Output, url: str) -> list[dict]:
+    """Image rows from a WebDataset tar (flows.webdataset): KEY.json gives the row, KEY.{png,webp,jpg} the image."""
+    fs, path = (out.fs, url) if "://" not in url else _fs_for(url)
+    rows: dict[str, dict] = {}
+    with fs.open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
+        for m in tar.getmembers():
+            key, ext = m.name.rsplit(".", 1)
+            data = tar.extractfile(m).read()
+            row = rows.setdefault(key, {})
+            if ext == "json":
+                meta = json.loads(data)
+                row |= {c: meta.get(c) for c in IMAGE_COLS if c != "image"}
+            elif ext != "txt":
+                row["image"] = data
+    return [rows[k] for k in sorted(rows)]
 
 
 def _image_rows(out: Output, url: str) -> list[dict]:
@@ -97,7 +121,7 @@ def load_run(url: str, samples: int = 24) -> dict:
     stats = pa.concat_tables([_read(out, f["stats_url"]) for f in files]).to_pylist()
     images, kept = [], 0
     for f in files:
-        for r in _image_rows(out, f["images_url"]):
+        for r in _shard_images(out, f):
             if r["image"] is not None and kept < samples:
                 kept += 1
             else:

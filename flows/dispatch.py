@@ -41,14 +41,7 @@ from datetime import datetime, timezone
 from .audit import AUDIT_FILE, audit_table, mark_rows, shard_audit
 from .layout import Output, shard_tables
 from .plan import RowGroupCache, Shard, read_shard
-
-
-class InjectedStorageError(OSError):
-    """A storage error injected by a test (faults["storage_errors"])."""
-
-
-class FlowCrash(RuntimeError):
-    """An injected crash of the flow between shards (faults["crash_after_commits"])."""
+from .webdataset import shard_files
 
 
 NOT_TRANSIENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
@@ -88,7 +81,7 @@ class Ticket:
         with self.cond:
             self.alive -= 1
             if exc is not None:
-                kind = "crash" if isinstance(exc, FlowCrash) else "transient" if is_transient(exc) else "fatal"
+                kind = "transient" if is_transient(exc) else "fatal"
                 self.errors.setdefault(kind, exc)
             elif images is not None:
                 self.committed += 1
@@ -96,12 +89,12 @@ class Ticket:
             self.cond.notify_all()
 
     def wait(self) -> None:
-        """Block until every shard given to this ticket is done, then raise the worst error: a crash, else one
-        that retrying cannot fix (the group fails at once), else a transient one (the group retries)."""
+        """Block until every shard given to this ticket is done, then raise the worst error: one that retrying
+        cannot fix (the group fails at once), else a transient one (the group retries)."""
         with self.cond:
             while self.alive:
                 self.cond.wait()
-        for kind in ("crash", "fatal", "transient"):
+        for kind in ("fatal", "transient"):
             if kind in self.errors:
                 raise self.errors[kind]
 
@@ -139,9 +132,9 @@ class Dispatcher:
     """Run shards on `actors` through a window of `capacity` shards. `submit` blocks while the window is full;
     `done[i]` is set when shard i commits. Start with `start()`, end with `close()`."""
 
-    def __init__(self, cfg, files, out: Output, actors: list, done: bytearray, faults: dict, log,
-                 restart_wait_s: float, bar=None):
-        self.cfg, self.files, self.out, self.done, self.faults = cfg, files, out, done, faults
+    def __init__(self, cfg, files, out: Output, actors: list, done: bytearray, log, restart_wait_s: float,
+                 bar=None):
+        self.cfg, self.files, self.out, self.done = cfg, files, out, done
         self.log, self.bar = log, bar
         self.restart_wait_s = restart_wait_s
         self.actors = [_Actor(a) for a in actors]
@@ -162,8 +155,6 @@ class Dispatcher:
         self.commits = self.images = 0
         # driver seconds from a shard's last batch coming back to its commit being visible: count, sum, max
         self.write_n, self.write_total, self.write_max = 0, 0.0, 0.0
-        self.storage_errors_left = int(faults.get("storage_errors", 0))
-        self.lock = threading.Lock()
         self.closed = False
         self.close_lock = threading.Lock()  # an admit is queued before the stop, or refused: never lost after it
         self.thread = threading.Thread(target=self._loop, name="ssdgen-dispatch", daemon=True)
@@ -216,9 +207,6 @@ class Dispatcher:
         self.live.add(job)
         if self.aborted is not None:
             return self._finish(job, exc=self.aborted)
-        crash_after = self.faults.get("crash_after_commits")
-        if crash_after is not None and self.commits >= crash_after:
-            return self._abort(FlowCrash(f"injected flow crash after {self.commits} commits"))
         self._io(self._read, job, "read")
 
     def _io(self, fn, job: _Job, event: str, *args) -> None:
@@ -259,7 +247,7 @@ class Dispatcher:
         if actor.inflight == 0:
             actor.mark = time.perf_counter()  # the actor was idle until now: that gap is no shard's
         for i in which:
-            ref = actor.handle.decode.remote(job.batches[i], {"shard": job.shard.id, "batch": i})
+            ref = actor.handle.decode.remote(job.batches[i])
             job.refs[i] = ref
             actor.inflight += 1
             ref.future().add_done_callback(lambda f, i=i, g=job.gen: self.events.put(("batch", job, i, g, f)))
@@ -356,9 +344,6 @@ class Dispatcher:
             self.write_total += write_s
             self.write_max = max(self.write_max, write_s)
         self._finish(job, images=marker["ok"] if marker else None)
-        crash_after = self.faults.get("crash_after_commits")
-        if crash_after is not None and self.commits >= crash_after:
-            self._abort(FlowCrash(f"injected flow crash after {self.commits} commits"))
 
     def _finish(self, job: _Job, images: int | None = None, exc: BaseException | None = None) -> None:
         if job.finished:
@@ -376,19 +361,13 @@ class Dispatcher:
         """Stop the run as a crashed driver would: nothing more commits; every shard alive ends with `exc`."""
         if self.aborted is None:
             self.aborted = exc
-            if not quiet and not isinstance(exc, FlowCrash):
+            if not quiet:
                 self.log.error(f"dispatcher: {type(exc).__name__}: {exc}")
         for job in list(self.live):
             self._finish(job, exc=self.aborted)
         self.ready.clear()
 
     # --- writing (an I/O thread) --------------------------------------------------------------------------
-    def _fail_write(self) -> None:
-        with self.lock:
-            if self.storage_errors_left > 0:
-                self.storage_errors_left -= 1
-                raise InjectedStorageError("injected transient storage error on write")
-
     def _write(self, job: _Job, decoded_at: float) -> tuple[dict | None, float]:
         """Tables, files under a new attempt, marker. Returns (marker, or None when another attempt won the
         commit; seconds from the last batch to the commit)."""
@@ -420,13 +399,11 @@ class Dispatcher:
     def _put(self, shard: int, marker: dict, images, stats, audit_t) -> dict | None:
         out = self.out
         attempt = out.new_attempt(shard)
-        self._fail_write()
-        files = [out.write_table(f"{attempt}/images.parquet", images),
-                 out.write_table(f"{attempt}/stats.parquet", stats)]
+        # images.parquet, stats.parquet and/or the WebDataset tar, as --format says
+        files = shard_files(out, attempt, shard, images, stats, self.cfg.format, self.cfg.shard_size)
         if audit_t is not None:  # written even when empty: the marker then says this shard was audited
             files.append(out.write_table(f"{attempt}/{AUDIT_FILE}", audit_t))
-        self._fail_write()
-        if self.aborted is not None:  # a crashed driver commits nothing more
+        if self.aborted is not None:  # an aborted run commits nothing more, as a crashed driver
             raise self.aborted
         marker = marker | {"attempt": attempt.rsplit("/", 1)[-1], "files": files,
                            "finished_at": datetime.now(timezone.utc).isoformat()}

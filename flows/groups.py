@@ -20,7 +20,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from .dispatch import Dispatcher, FlowCrash, Ticket, is_transient
+from .dispatch import Dispatcher, Ticket, is_transient
 from .plan import ShardPlan
 
 TARGET_TASK_RUNS = 100  # group task runs per run: enough to follow progress and retry in parts, few for the API
@@ -71,7 +71,7 @@ def group_ranges(done: bytearray, size: int):
 
 def run_groups(ctx: RunContext, pending: int, total: int) -> dict[tuple[int, int], str]:
     """Every pending shard through group task runs, a few in flight at a time. Returns the failed groups'
-    (first, last) -> error; FlowCrash (an injected driver crash) propagates."""
+    (first, last) -> error."""
     log = get_run_logger()
     size = max(1, math.ceil(pending / TARGET_TASK_RUNS))
     # enough groups in flight that their shards fill the window, plus one so it never drains between groups
@@ -93,8 +93,6 @@ def run_groups(ctx: RunContext, pending: int, total: int) -> dict[tuple[int, int
 def _collect(first: int, last: int, future, failed: dict, progress: "Progress") -> None:
     try:
         future.result()
-    except FlowCrash:
-        raise
     except Exception as e:  # noqa: BLE001 - collect, report, and fail the run after the summary
         failed[(first, last)] = f"{type(e).__name__}: {e}"
     progress.update(first, last)

@@ -4,6 +4,7 @@
     {out}/shards/{shard:06d}/attempt-{uuid}/images.parquet   one row per prompt: image {bytes, path}, token grid, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/stats.parquet    one row per prompt: status, error, forwards, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/audit.parquet    with --audit: one row per audited prompt (flows.audit)
+    {out}/shards/{shard:06d}/attempt-{uuid}/{shard:05d}.tar  with --format webdataset|both (flows.webdataset)
     {out}/shards/{shard:06d}/_SUCCESS.json               commit marker, written last, create-only
     {out}/manifest.parquet                               one row per committed shard (file URLs, rows, sha256)
     {out}/summary.json                                   run totals and cost
@@ -74,7 +75,9 @@ STATS_SCHEMA = pa.schema([
 MANIFEST_SCHEMA = pa.schema([
     ("shard", pa.int64()), ("attempt", pa.string()), ("rows", pa.int64()), ("ok", pa.int64()), ("failed", pa.int64()),
     ("images_url", pa.string()), ("stats_url", pa.string()), ("images_sha256", pa.string()),
-    ("stats_sha256", pa.string()), ("audit_url", pa.string())])
+    ("stats_sha256", pa.string()), ("audit_url", pa.string()),
+    # --format webdataset|both: the shard's tar (flows.webdataset); images_url is null with webdataset alone
+    ("tar_url", pa.string()), ("tar_sha256", pa.string())])
 
 
 def _shard_of(path: str) -> int:
@@ -140,10 +143,13 @@ class Output:
         """One PUT of a whole Parquet file; returns its record for the marker."""
         buf = io.BytesIO()
         pq.write_table(table, buf, compression="zstd")
-        data = buf.getvalue()
+        return self.write_bytes(path, buf.getvalue(), table.num_rows)
+
+    def write_bytes(self, path: str, data: bytes, rows: int) -> dict:
+        """One PUT of a whole file (visible all at once, or not at all); returns its record for the marker."""
         self._parent(path)
         self.fs.pipe_file(path, data)
-        return {"path": posixpath.relpath(path, self.root), "rows": table.num_rows, "bytes": len(data),
+        return {"path": posixpath.relpath(path, self.root), "rows": rows, "bytes": len(data),
                 "sha256": hashlib.sha256(data).hexdigest()}
 
     def commit(self, shard: int, marker: dict) -> bool:
@@ -220,7 +226,7 @@ class Output:
     def write_manifest(self, markers: dict[int, dict] | Iterable[dict]) -> str:
         """One row per committed shard, from a dict (shard -> marker) or a stream of markers in shard order."""
         if isinstance(markers, dict):
-            markers = (markers[k] for k in sorted(markers))
+            markers = (m for _, m in sorted(markers.items()))  # not markers[k]: the name is rebound here
         w = self.manifest_writer()
         for m in markers:
             w.add(m)
@@ -245,15 +251,7 @@ class ManifestWriter:
         self.rows: list[dict] = []
 
     def add(self, m: dict) -> None:
-        out = self.out
-        files = {posixpath.basename(f["path"]).split(".")[0]: f for f in m["files"]}
-        self.rows.append({
-            "shard": m["shard"], "attempt": m["attempt"], "rows": m["rows"], "ok": m["ok"], "failed": m["failed"],
-            "images_url": out.full_url(out.path(files["images"]["path"])),
-            "stats_url": out.full_url(out.path(files["stats"]["path"])),
-            "images_sha256": files["images"]["sha256"], "stats_sha256": files["stats"]["sha256"],
-            # null for a run without --audit
-            "audit_url": out.full_url(out.path(files["audit"]["path"])) if "audit" in files else None})
+        self.rows.append(manifest_row(self.out, m))
         if len(self.rows) >= self.BATCH:
             self._flush()
 
@@ -270,6 +268,29 @@ class ManifestWriter:
         self.out._parent(p)
         self.out.fs.pipe_file(p, self.buf.getvalue())
         return self.out.full_url(p)
+
+
+def manifest_row(out: Output, m: dict) -> dict:
+    """A committed shard's manifest row, from its marker: the URLs and SHA-256 of the files it names. A file
+    the run does not write (images without Parquet output, audit without --audit, tar without WebDataset
+    output) is null."""
+    files = {file_kind(f["path"]): f for f in m["files"]}
+
+    def url(kind):
+        return out.full_url(out.path(files[kind]["path"])) if kind in files else None
+
+    def sha(kind):
+        return files[kind]["sha256"] if kind in files else None
+
+    return {"shard": m["shard"], "attempt": m["attempt"], "rows": m["rows"], "ok": m["ok"], "failed": m["failed"],
+            "images_url": url("images"), "stats_url": url("stats"), "images_sha256": sha("images"),
+            "stats_sha256": sha("stats"), "audit_url": url("audit"), "tar_url": url("tar"), "tar_sha256": sha("tar")}
+
+
+def file_kind(path: str) -> str:
+    """A data file's kind from its name: images, stats, audit (the Parquet stem) or tar ({shard:05d}.tar)."""
+    name = posixpath.basename(path)
+    return "tar" if name.endswith(".tar") else name.split(".")[0]
 
 
 def _link_create(path: str, data: bytes) -> bool:

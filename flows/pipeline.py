@@ -1,5 +1,5 @@
 """The generation flow: Parquet prompts on any fsspec URL -> images and per-sample statistics as committed
-Parquet shards, on a pool of Ray actors, driven by Prefect.
+Parquet shards (and/or WebDataset tars, flows/webdataset.py), on a pool of Ray actors, driven by Prefect.
 
     plan (metadata only) -> skip committed shards -> groups of shards as Prefect tasks with retries, a few at
     a time (flows.groups) -> a bounded window of shards over the actors (flows.dispatch): read its rows ->
@@ -20,7 +20,7 @@ Retries: a group task retries with exponential backoff and jitter only on transi
 dead actors), and then runs only its uncommitted shards; configuration, schema and input errors fail at once.
 A failed write is first retried in place (flows.dispatch). Per-sample failures are error rows.
 Settings that change the images (model, decoder, sampling, seed, batch size, input files, shard size, image
-format and quality) are recorded in `_config.json`; a resume with other settings is refused.
+format and quality, output format) are recorded in `_config.json`; a resume with other settings is refused.
 
 `--audit FRACTION` (flows/audit.py) also scores a deterministic sample of the prompts against an `ar` sample
 under the target; its rows are committed with their shard, and its cost is a line of its own.
@@ -44,11 +44,12 @@ from tqdm import tqdm
 from .audit import AUDIT_FILE, DEFAULT_TOLERANCE, audit_rows, check_audit
 from .audit import summarize as audit_summary, warning as audit_warning
 from .cost import Price, cost_table, price_for, run_summary
-from .dispatch import NOT_TRANSIENT, Dispatcher, FlowCrash, InjectedStorageError, is_transient  # noqa: F401
-from .groups import RunContext, retry_transient, run_groups  # noqa: F401
+from .dispatch import Dispatcher
+from .groups import RunContext, run_groups
 from .inputs import InputError, InputFile, check_unique_prompt_ids, list_inputs
 from .layout import Output
 from .plan import ShardPlan
+from .webdataset import check_format
 
 # How long a shard waits for its actor's restart. After a node loss the restart waits for free resources: an
 # autoscaler's new GPU node takes minutes, and until then every call to the actor fails at once.
@@ -75,6 +76,7 @@ class GenerateConfig:
     audit_tolerance: float = DEFAULT_TOLERANCE
     image_format: str = "png"  # png | webp | jpeg, encoded on the actors (workers.decode_worker.encode_image)
     quality: int = 90  # webp/jpeg only
+    format: str = "parquet"  # parquet | webdataset | both: the shard's data files (flows/webdataset.py)
 
     def validate(self) -> Price:
         from workers.decode_worker import check_image_format
@@ -89,6 +91,7 @@ class GenerateConfig:
         check_model_spec(self.model)
         check_audit(self.audit, self.audit_tolerance)
         check_image_format(self.image_format, self.quality)
+        check_format(self.format)
         price = price_for(self.device_type)
         if price.unit == "gpu" and self.gpus_per_actor <= 0:
             raise ValueError(f"--device-type {self.device_type} is priced per GPU, but actors get no GPU "
@@ -124,7 +127,9 @@ class GenerateConfig:
         # likewise the encoding only when not png, so a run from before --image-format still resumes; quality
         # only where it changes the bytes (png ignores it)
         image = {"image_format": self.image_format, "quality": self.quality} if self.image_format != "png" else {}
-        return {k: getattr(self, k) for k in keys} | {"decoder": str(self.decoder)} | audit | image | {
+        # and the output format only when not parquet: a resume must not mix shards with and without tars
+        fmt = {"format": self.format} if self.format != "parquet" else {}
+        return {k: getattr(self, k) for k in keys} | {"decoder": str(self.decoder)} | audit | image | fmt | {
             "inputs": [{"url": f.url, "rows": f.num_rows, "bytes": f.size} for f in files]}
 
     @property
@@ -169,12 +174,12 @@ def _cluster_slots(cfg: GenerateConfig):
         yield
 
 
-def _actors(cfg: GenerateConfig, faults: dict) -> list:
+def _actors(cfg: GenerateConfig) -> list:
     import ray
     from workers.decode_worker import DecodeWorker
     cls = ray.remote(DecodeWorker).options(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
                                            max_restarts=-1, max_task_retries=0)
-    actors = [cls.remote(cfg.worker_spec(), faults or None) for _ in range(cfg.actors)]
+    actors = [cls.remote(cfg.worker_spec()) for _ in range(cfg.actors)]
     ray.get([a.info.remote() for a in actors])  # wait for the loads; a config error surfaces here, once
     return actors
 
@@ -185,15 +190,15 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
              cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
              ray_address: str | None = None, cluster_limit: str | None = None, audit: float = 0.0,
              audit_tolerance: float = DEFAULT_TOLERANCE, image_format: str = "png", quality: int = 90,
-             progress: bool = True, faults: dict | None = None) -> dict:
+             format: str = "parquet", progress: bool = True) -> dict:
     """Generate an image for every prompt row; resumable. `decoder` is a decode spec (decoders/spec.py), e.g.
     `ssd+csd:token_budget=0:cfg=3`, parsed here: the flow is the edge for deployments. `out` may hold `{date}`, filled with the run's
     scheduled date (YYYY-MM-DD), so a scheduled deployment renders into one folder per day. `cluster_limit`
     names a Prefect global concurrency limit (`prefect gcl create NAME --limit N`) that the run holds one slot
     of per GPU (per actor on CPUs) while its actors exist. `audit` is the fraction of prompts whose NLL gap to
     `ar` is measured (flows/audit.py), `audit_tolerance` the allowed gap. `image_format` (png, webp, jpeg) and
-    `quality` (webp/jpeg) choose how the images are encoded. `faults` is for tests (injected
-    crashes)."""
+    `quality` (webp/jpeg) choose how the images are encoded, `format` (parquet, webdataset, both) which files
+    a shard holds (flows/webdataset.py)."""
     if "{date}" in out:
         from prefect.runtime import flow_run
         when = flow_run.scheduled_start_time or datetime.now(timezone.utc)
@@ -202,12 +207,12 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
                          shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
                          gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address,
                          cluster_limit=cluster_limit, audit=audit, audit_tolerance=audit_tolerance,
-                         image_format=image_format, quality=quality)
-    return execute(cfg, progress=progress, faults=faults or {})
+                         image_format=image_format, quality=quality, format=format)
+    return execute(cfg, progress=progress)
 
 
 def _run_pending(cfg: GenerateConfig, files: list[InputFile], out: Output, plan: ShardPlan, done: bytearray,
-                 progress: bool, faults: dict, t0: float) -> dict:
+                 progress: bool, t0: float) -> dict:
     """Run the pending shards (done[i] == 0) on a pool of actors -> {failed shard -> error, startup seconds,
     images and commits this run, commit latency}."""
     log = get_run_logger()
@@ -217,12 +222,12 @@ def _run_pending(cfg: GenerateConfig, files: list[InputFile], out: Output, plan:
         started_ray = _start_ray(cfg)
         actors, disp = [], None
         try:
-            actors = _actors(cfg, faults)
+            actors = _actors(cfg)
             startup_s = time.perf_counter() - t0
             log.info(f"{cfg.actors} actor(s) ready {startup_s:.1f} s after the flow started")
             bar = tqdm(total=rows, unit="img", desc="generate", disable=not progress, smoothing=0.1)
             # the wait is read now, not at import: tests and operators may change it on the module
-            disp = Dispatcher(cfg, files, out, actors, done, faults, log, ACTOR_RESTART_WAIT_S, bar).start()
+            disp = Dispatcher(cfg, files, out, actors, done, log, ACTOR_RESTART_WAIT_S, bar).start()
             failed_groups = run_groups(RunContext(plan, done, disp), pending, len(plan))
             bar.close()
         finally:
@@ -277,8 +282,7 @@ def _audit(cfg: GenerateConfig, out: Output, committed: dict, price: Price) -> d
     return a
 
 
-def execute(cfg: GenerateConfig, progress: bool = True, faults: dict | None = None) -> dict:
-    faults = faults or {}
+def execute(cfg: GenerateConfig, progress: bool = True) -> dict:
     log = get_run_logger()
     t0 = time.perf_counter()
     price = cfg.validate()
@@ -291,7 +295,7 @@ def execute(cfg: GenerateConfig, progress: bool = True, faults: dict | None = No
     pending = done.count(0)
     log.info(f"{plan.rows} prompts in {len(files)} file(s): {len(plan)} shards, {len(plan) - pending} already "
              f"committed, {pending} to run")
-    ran = _run_pending(cfg, files, out, plan, done, progress, faults, t0) if pending else \
+    ran = _run_pending(cfg, files, out, plan, done, progress, t0) if pending else \
         {"failed": {}, "startup_s": 0.0, "images": 0, "commits": 0, "commit_latency_s": None}
     failed = ran["failed"]
     removed = out.gc()
@@ -309,7 +313,7 @@ def execute(cfg: GenerateConfig, progress: bool = True, faults: dict | None = No
     summary |= {"out": out.url, "shards_total": len(plan), "shards_committed": summary["shards"],
                 "shards_run_now": pending - len(failed), "shards_failed": {str(k): v for k, v in failed.items()},
                 "attempts_removed": removed, "decoder": str(cfg.decoder), "model": cfg.model,
-                "batch_size": cfg.batch_size, "image_format": cfg.image_format, "actors": cfg.actors, "device_type": cfg.device_type,
+                "batch_size": cfg.batch_size, "image_format": cfg.image_format, "format": cfg.format, "actors": cfg.actors, "device_type": cfg.device_type,
                 "commit_latency_s": ran["commit_latency_s"], "audit": _audit(cfg, out, fold.audit, price),
                 "manifest": manifest, "finished_at": datetime.now(timezone.utc).isoformat()}
     summary["summary"] = out.write_summary(summary)

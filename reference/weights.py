@@ -12,7 +12,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from safetensors.torch import load_file, save_file
 
 from . import captions as cap

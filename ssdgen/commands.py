@@ -1,4 +1,4 @@
-"""The pipeline's commands: sample, generate, serve, status, demo and report."""
+"""The pipeline's commands: sample, generate, serve, status, export, demo and report."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from ssdgen.options import AUDIT, AUDIT_TOL, DECODER, IMAGE_FORMAT, MODEL, QUALITY, flow_console, friendly, model_of, spec_of
+from ssdgen.options import (AUDIT, AUDIT_TOL, DECODER, DEVICE, DTYPE, FORMAT, IMAGE_FORMAT, MODEL, QUALITY,
+                            flow_console, friendly, model_on, spec_of)
 
 app = typer.Typer()
 
@@ -16,7 +17,8 @@ app = typer.Typer()
 @friendly
 def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for several"),
            n: int = typer.Option(4, help="images per prompt"), out: Path = typer.Option(Path("grid.png")),
-           seed: int = 0, decoder: str = DECODER, model: Optional[str] = MODEL):
+           seed: int = 0, decoder: str = DECODER, model: Optional[str] = MODEL, device: str = DEVICE,
+           dtype: str = DTYPE):
     """Sample images for prompts and save them as one grid PNG (a row per prompt)."""
     import numpy as np
     from PIL import Image
@@ -24,7 +26,7 @@ def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for sever
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
     spec = spec_of(decoder)
-    m = model_of(model)
+    m = model_on(model, device, dtype)
     prompts = [p for p in prompt for _ in range(n)]
     seeds = [seed + i for i in range(len(prompts))]
     m.validate_prompts(prompts)
@@ -56,7 +58,7 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
                                                                      "a slot of per GPU (per actor on CPUs)"),
              seed: int = typer.Option(0, help="run seed; a row's own `seed` column wins"),
              audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
-             image_format: str = IMAGE_FORMAT, quality: int = QUALITY,
+             image_format: str = IMAGE_FORMAT, quality: int = QUALITY, output_format: str = FORMAT,
              progress: bool = typer.Option(True, help="show a progress bar")):
     """Generate images for Parquet prompts with a Prefect flow on Ray actors; resumable (run it again)."""
     from flows.inputs import list_inputs
@@ -66,14 +68,15 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
     GenerateConfig(prompts=tuple(prompts), out=out, model=model or "reference", decoder=spec,
                    shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
                    gpus_per_actor=gpus_per_actor, device_type=device_type, audit=audit,
-                   audit_tolerance=audit_tolerance, image_format=image_format, quality=quality).validate()
+                   audit_tolerance=audit_tolerance, image_format=image_format, quality=quality,
+                   format=output_format).validate()
     list_inputs(list(prompts))
     with flow_console():
         summary = flow(prompts=prompts, out=out, model=model or "reference", decoder=str(spec), seed=seed,
                        shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
                        gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address,
                        cluster_limit=cluster_limit, audit=audit, audit_tolerance=audit_tolerance,
-                       image_format=image_format, quality=quality, progress=progress)
+                       image_format=image_format, quality=quality, format=output_format, progress=progress)
     _print_summary(summary)
 
 
@@ -98,20 +101,22 @@ def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or g
           actors: int = 2, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
           cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit (see generate)"),
           audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
-          image_format: str = IMAGE_FORMAT, quality: int = QUALITY):
+          image_format: str = IMAGE_FORMAT, quality: int = QUALITY, output_format: str = FORMAT):
     """Serve the generation flow as a Prefect deployment on a cron schedule (runs until stopped)."""
     from flows.audit import check_audit
     from flows.pipeline import generate as flow
+    from flows.webdataset import check_format
     spec = spec_of(decoder)
     from workers.decode_worker import check_image_format
     check_audit(audit, audit_tolerance)
     check_image_format(image_format, quality)
+    check_format(output_format)
     flow.serve(name=name, cron=cron, parameters={
         "prompts": prompts, "out": out, "model": model or "reference", "decoder": str(spec), "shard_size": shard_size,
         "batch_size": batch_size, "actors": actors, "cpus_per_actor": cpus_per_actor,
         "gpus_per_actor": gpus_per_actor, "device_type": device_type, "cluster_limit": cluster_limit,
         "audit": audit, "audit_tolerance": audit_tolerance, "image_format": image_format, "quality": quality,
-        "progress": False})
+        "format": output_format, "progress": False})
 
 
 @app.command()
@@ -159,6 +164,21 @@ def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: s
     Image.fromarray(grid).save(out / "grid.png")
     typer.echo(f"{len(imgs)} images -> {(out / 'run').resolve()}/ (shards/*/attempt-*/images.parquet); "
                f"look at {(out / 'grid.png').resolve()}")
+
+
+@app.command()
+@friendly
+def export(url: str = typer.Argument(..., help="a run's output URL (local path, file://, s3://, ...)"),
+           to: str = typer.Option(..., "--to", help="folder URL to copy the committed files into"),
+           output_format: str = typer.Option("parquet", "--format",
+                                             help="parquet (TO/images/*.parquet, TO/stats/*.parquet) or webdataset "
+                                                  "(TO/{shard:05d}.tar + TO/{shard:05d}.parquet)"),
+           fresh: bool = typer.Option(False, help="read the commit markers, not manifest.parquet (a run going on)")):
+    """Copy a run's committed shards (only those) into a flat folder a data loader can take."""
+    from ssdgen.api import export as export_run
+    r = export_run(url, to, output_format, fresh=fresh)
+    typer.echo(f"exported {r['shards']} committed shards ({r['files']} files, {r['bytes'] / 2**20:.1f} MiB) "
+               f"to {r['to']}")
 
 
 @app.command("report")

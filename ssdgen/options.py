@@ -88,8 +88,8 @@ def sampling_of(cfg: float, temperature: float, top_k: int, top_p: float):
 
 
 def model_of(model: Optional[str]):
-    from models.registry import load_model
-    return load_model(model)
+    """The model on the CPU in fp32 (commands without --device: figures, tokenizer-report)."""
+    return model_on(model)
 
 
 def spec_of(text: str):
@@ -116,8 +116,17 @@ AUDIT = typer.Option(0.0, "--audit", metavar="FRACTION",
 AUDIT_TOL = typer.Option(0.15, "--audit-tolerance", help="allowed |NLL gap| of the audit, nats/token (95% interval)")
 IMAGE_FORMAT = typer.Option("png", "--image-format", help="encoding of the stored images: png (lossless), webp or jpeg")
 QUALITY = typer.Option(90, "--quality", help="webp/jpeg quality, 1..100 (png ignores it)")
+FORMAT = typer.Option("parquet", "--format", help="output files per shard: parquet (images + stats Parquet), "
+                                                  "webdataset (img2dataset-style tar + stats Parquet) or both")
 
 
-def model_on(model: Optional[str], device: str):
+DEVICE = typer.Option("cpu", "--device", help="torch device for the model: cpu or cuda[:N]")
+DTYPE = typer.Option("auto", "--dtype", help="model precision: fp32, bf16, fp16 (GPU only) or auto (fp32 on the "
+                                            "CPU; on a GPU bf16 for Hugging Face checkpoints, fp32 for the "
+                                            "reference model); sampling and verification are fp32 always")
+
+
+def model_on(model: Optional[str], device: str = "cpu", dtype: str = "auto"):
+    """The one loader of every command that loads a model (--model, --device, --dtype: models/registry.py)."""
     from models.registry import load_model
-    return load_model(model, device=device)
+    return load_model(model, device=device, dtype=dtype)

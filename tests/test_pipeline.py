@@ -1,10 +1,12 @@
 """The generation pipeline end to end with real parts: moto's S3 server, a local Ray, Prefect's test server,
-and the bundled reference model. Fault injection: actor kills, storage errors, a flow crash between shards."""
+and the bundled reference model. Faults are the tests' own (tests/faults.py): actor processes SIGKILLed
+mid-batch, storage writes that fail, a driver process killed mid-run; the flow takes no fault parameter."""
 
 import json
 
 import pyarrow as pa
 import pytest
+from faults import ActorKiller, crash_driver, storage_faults
 from pipeline_helpers import committed_tables as _committed
 from pipeline_helpers import eval_rows as _prompts
 from pipeline_helpers import run_flow as _run
@@ -14,15 +16,22 @@ pytestmark = pytest.mark.usefixtures("prefect_server", "local_ray")
 
 
 @pytest.mark.slow
-def test_s3_run_exactly_once_and_faults_reproduce_images(s3, tmp_path):
+def test_s3_run_with_killed_actors_and_failed_writes_commits_each_prompt_once_with_identical_images(s3,
+                                                                                                   monkeypatch):
+    import flows.pipeline
+    from flows.layout import Output
+    monkeypatch.setattr(flows.pipeline, "ACTOR_RESTART_WAIT_S", 180)  # a restart that cannot happen fails fast
     rows = _prompts(256)
     _write(s3, "ssdgen-test/in/part-0.parquet", rows[:128])
     _write(s3, "ssdgen-test/in/part-1.parquet", rows[128:])
     clean = _run(prompts=["s3://ssdgen-test/in/"], out="s3://ssdgen-test/clean")
     assert clean["images_ok"] == 256 and clean["shards_committed"] == 8 and clean["reconciles"]
-    faults = {"dir": str(tmp_path), "kill": {"1": 1, "4": 0, "6": 1}, "storage_errors": 5}
-    faulty = _run(prompts=["s3://ssdgen-test/in/"], out="s3://ssdgen-test/faulty", faults=faults)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["kill-1", "kill-4", "kill-6"]  # the kills happened
+    # the same run on storage whose first 5 data writes fail, with a busy actor SIGKILLed at the start and
+    # after 2 and 4 of the 8 shards committed
+    with storage_faults(errors=5) as storage, \
+            ActorKiller(after_commits=[0, 2, 4], commits=lambda: storage.commits) as killer:
+        faulty = _run(prompts=["s3://ssdgen-test/in/"], out="faultys3://ssdgen-test/faulty")
+    assert storage.errors_raised == 5 and len(killer.killed) == 3  # the faults happened
     assert faulty["images_ok"] == 256 and faulty["shards_committed"] == 8
     a, _ = _committed("s3://ssdgen-test/clean")
     b, stats = _committed("s3://ssdgen-test/faulty")
@@ -32,27 +41,31 @@ def test_s3_run_exactly_once_and_faults_reproduce_images(s3, tmp_path):
     png_b = dict(zip(ids, b.column("image").to_pylist()))
     assert png_a == png_b  # byte-identical despite 3 actor deaths and 5 storage errors
     assert set(stats.column("status").to_pylist()) == {"ok"}
+    # restarted incarnations of the killed actors decoded shards that committed
+    pids = {m["actor_pid"] for m in Output("s3://ssdgen-test/faulty").committed().values()}
+    assert pids - killer.originals, (pids, killer.originals, killer.killed)
     # no uncommitted attempt survives the run's garbage collection
     assert len(s3.glob("ssdgen-test/faulty/shards/*/attempt-*")) == 8
 
 
-def test_flow_crash_between_shards_then_resume_runs_only_missing(tmp_path):
-    from flows.pipeline import FlowCrash
+def test_a_driver_killed_mid_run_then_rerun_runs_only_the_missing_shards(tmp_path):
+    from flows.layout import Output
     src = tmp_path / "prompts.parquet"
     rows = _prompts(24)
     _write(None, src, rows)
-    out = str(tmp_path / "run")
-    with pytest.raises(FlowCrash):
-        _run(prompts=[str(src)], out=out, shard_size=4, batch_size=4, actors=1, faults={"crash_after_commits": 2})
-    from flows.layout import Output
-    first = set(Output(out).committed())
-    assert 2 <= len(first) < 6
-    again = _run(prompts=[str(src)], out=out, shard_size=4, batch_size=4, actors=1)
+    out = tmp_path / "run"
+    args = ["--prompts", str(src), "--decoder", "ar", "--shard-size", "4", "--batch-size", "4", "--actors", "1",
+            "--no-progress"]
+    # a driver process whose storage hangs at its third commit, SIGKILLed there: two shards are committed
+    crash_driver(["generate", *args, "--out", f"faultyfile://{out}"], after_commits=2, tmp=tmp_path)
+    first = set(Output(str(out)).committed())
+    assert len(first) == 2
+    again = _run(prompts=[str(src)], out=str(out), shard_size=4, batch_size=4, actors=1)
     assert again["shards_run_now"] == 6 - len(first) and again["shards_committed"] == 6
-    images, _ = _committed(out)
+    images, _ = _committed(str(out))
     assert sorted(images.column("prompt_id").to_pylist()) == sorted(r["prompt_id"] for r in rows)
     # a third run has nothing to do and changes nothing
-    third = _run(prompts=[str(src)], out=out, shard_size=4, batch_size=4, actors=1)
+    third = _run(prompts=[str(src)], out=str(out), shard_size=4, batch_size=4, actors=1)
     assert third["shards_run_now"] == 0 and third["images_ok"] == 24
 
 

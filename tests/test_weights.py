@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reference.gpt import GPT, GPTConfig
-from reference.scenes import BACKGROUNDS, render, sample_scene
+from reference.scenes import render, sample_scene
 from reference.vqvae import VQVAE, VQConfig
 from reference.weights import BundleError, load_bundle, save_bundle
 

@@ -31,15 +31,7 @@ class WorkerSpec:
     threads: int = 1  # torch intra-op threads per actor (CPU): actors × threads should match the cores
     image_format: str = "png"  # png | webp | jpeg: encoded here, on the actor, so the driver never holds pixels
     quality: int = 90  # webp/jpeg quality; png is lossless and ignores it
-
-
-def _fault_token(fault_dir: str, name: str) -> bool:
-    """Consume a one-shot fault token (create-exclusive), so an injected fault fires once across restarts."""
-    try:
-        os.close(os.open(os.path.join(fault_dir, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
+    dtype: str = "auto"  # model precision (models/registry.py): auto = bf16 for HF checkpoints on a GPU, else fp32
 
 
 IMAGE_FORMATS = ("png", "webp", "jpeg")
@@ -78,11 +70,10 @@ def png_bytes(img: np.ndarray) -> bytes:
 
 
 class DecodeWorker:
-    def __init__(self, spec: dict, faults: dict | None = None):
+    def __init__(self, spec: dict):
         import torch
         t0 = time.perf_counter()
         self.spec = WorkerSpec(**spec)
-        self.faults = faults or {}
         torch.set_num_threads(self.spec.threads)
         self.device = "cpu"
         try:
@@ -95,7 +86,7 @@ class DecodeWorker:
         from decoders.spec import DecodeSpec
         from models.registry import load_model
         self.decoding = DecodeSpec.from_dict(self.spec.decode)  # a config error fails here, before the long load
-        self.model = load_model(self.spec.model, device=self.device)
+        self.model = load_model(self.spec.model, device=self.device, dtype=self.spec.dtype)
         if self.decoding.family.startswith("ssd"):
             load_heads(self.model, self.decoding.heads)
         self.sc = self.decoding.sampling
@@ -125,7 +116,7 @@ class DecodeWorker:
         images = self.model.decode_images(res.tokens).numpy()
         return res.tokens.cpu().numpy(), images, res.stats
 
-    def decode(self, rows: list[dict], tag: dict | None = None) -> dict:
+    def decode(self, rows: list[dict]) -> dict:
         """rows: [{prompt_id, prompt, seed, error[, audit_seed]}] -> {"samples": [...], "busy_s": float,
         "audit": [...], "audit_s": float, "load_s": float, "worker": {pid, node_id, device}}; busy_s leaves out
         the audit (see `_audit`). load_s is this incarnation's model load on its first batch, else 0, and
@@ -133,12 +124,7 @@ class DecodeWorker:
 
         Each sample: prompt_id, status ("ok" | "error"), error, image (bytes in the spec's format), width, height, tokens, stats (a flat
         dict, see decoders.stats.SampleStats.to_row), latency_s."""
-        tag = tag or {}
         t0 = time.perf_counter()
-        kill = self.faults.get("kill", {})
-        if str(tag.get("shard")) in kill and tag.get("batch") == kill[str(tag.get("shard"))] \
-                and _fault_token(self.faults["dir"], f"kill-{tag['shard']}"):
-            os._exit(1)  # injected crash: the process dies with the batch in flight
         out: dict[str, dict] = {}
         good = []
         for r in rows:

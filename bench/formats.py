@@ -1,0 +1,74 @@
+"""Stored bytes per image for each --image-format: the same images encoded as png, webp and jpeg by the pipeline's
+own encoder (workers.decode_worker.encode_image) at the CLI's default quality.
+
+    python -m bench.formats [--n 256] [--quality 90] [--batch-size 32] [--model reference] [--out sizes.json]
+
+The images are decoded once, with `ar`, from the first n eval prompts at their own seeds, so every format encodes
+the same pixels; the decode is not timed. Encoding is deterministic (fixed encoder options, no metadata), so the
+sizes repeat exactly for the same model and prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from workers.decode_worker import IMAGE_FORMATS, encode_image
+
+
+def decode(n: int, model_spec: str | None = None, batch_size: int = 32) -> list[np.ndarray]:
+    """The first n eval prompts decoded with `ar` -> uint8 HxWx3 images."""
+    from decoders import run
+    from decoders.spec import DecodeSpec
+    from models.registry import load_model
+    from reference.prompts import eval_prompts
+    model, spec = load_model(model_spec), DecodeSpec.parse("ar")
+    rows = eval_prompts(n)
+    images = []
+    for i in range(0, len(rows), batch_size):
+        batch = rows[i:i + batch_size]
+        res = run(spec, model, [r["prompt"] for r in batch], [r["seed"] for r in batch])
+        images.extend(model.decode_images(res.tokens).numpy())
+    return images
+
+
+def sizes(images: list[np.ndarray], quality: int = 90) -> list[dict]:
+    """One row per format: images, bytes in total and per image, and the size relative to png."""
+    rows = []
+    for fmt in IMAGE_FORMATS:
+        total = sum(len(encode_image(img, fmt, quality)) for img in images)
+        rows.append({"format": fmt, "quality": None if fmt == "png" else quality, "images": len(images),
+                     "bytes_total": total, "bytes_per_image": total / len(images)})
+    png = rows[0]["bytes_total"]
+    for r in rows:
+        r["relative_to_png"] = r["bytes_total"] / png
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(prog="python -m bench.formats", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=256, help="images (the first n eval prompts)")
+    ap.add_argument("--quality", type=int, default=90, help="webp/jpeg quality (the CLI's default)")
+    ap.add_argument("--batch-size", type=int, default=32, help="prompts per decoder call")
+    ap.add_argument("--model", default=None, help="model spec (default: the bundled reference model)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+    images = decode(args.n, args.model, args.batch_size)
+    h, w = images[0].shape[:2]
+    rows = sizes(images, args.quality)
+    print(f"{len(images)} images of {w}x{h} px, decoded with ar")
+    print(f"{'format':<8} {'quality':>7} {'bytes/image':>12} {'total bytes':>12} {'vs png':>7}")
+    for r in rows:
+        q = "-" if r["quality"] is None else r["quality"]
+        print(f"{r['format']:<8} {q:>7} {r['bytes_per_image']:>12.0f} {r['bytes_total']:>12} "
+              f"{r['relative_to_png']:>7.2f}")
+    if args.out:
+        args.out.write_text(json.dumps({"image_size": [w, h], "rows": rows}, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""WebDataset shards in img2dataset's layout, and which data files a shard's attempt holds for each `--format`.
+
+    --format parquet     attempt-*/images.parquet + stats.parquet
+    --format webdataset  attempt-*/{shard:05d}.tar + stats.parquet (the tar's Parquet sidecar, as img2dataset
+                         writes {shard:05d}.parquet beside each tar)
+    --format both        all three
+
+A tar holds one sample per ok prompt (a failed prompt has no image; its error row is in the sidecar), under the
+key {shard:05d}{index:04d}, index being the prompt's row in the shard, so keys are unique in the run and sort in
+input order:
+
+    KEY.png | KEY.webp | KEY.jpg   the image, as encoded on the actor (--image-format)
+    KEY.txt                        the prompt (the caption)
+    KEY.json                       key, shard, prompt_id, prompt, seed, decoder, model, image_format, width,
+                                   height, and the sample's statistics (the stats.parquet row; NaN as null)
+
+The tar is written, like the Parquet files, under the attempt's unique key and named by the shard's commit
+marker (flows.layout): a reader that follows the marker or the manifest's `tar_url` sees exactly one complete
+tar per committed shard, never a retried shard's half-written one. `ssdgen export --format webdataset` copies
+the committed tars into one flat folder ({shard:05d}.tar + {shard:05d}.parquet) for loaders that glob a folder.
+
+The tar is built in memory with the standard library's `tarfile` (a shard is already in memory as its Parquet
+tables) and put in one PUT. Every header field is fixed (mtime 0, owner root, mode 0644), so the tar's bytes
+depend on the samples alone.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import tarfile
+
+import pyarrow as pa
+
+FORMATS = ("parquet", "webdataset", "both")
+EXTENSIONS = {"png": "png", "webp": "webp", "jpeg": "jpg"}  # img2dataset's (and webdataset's) extensions
+INDEX_DIGITS = 4
+
+
+def check_format(fmt: str) -> None:
+    """Reject an unknown --format (a user error, before any work starts)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def index_digits(shard_size: int) -> int:
+    """Digits of a sample's index in its key: 4 as in img2dataset, more when a shard holds more than 10,000
+    prompts, so every key of a run has the same width (and stays unique)."""
+    return max(INDEX_DIGITS, len(str(shard_size - 1)))
+
+
+def tar_name(shard: int) -> str:
+    return f"{shard:05d}.tar"
+
+
+def shard_tar(shard: int, images: pa.Table, stats: pa.Table, digits: int = INDEX_DIGITS) -> tuple[bytes, int]:
+    """A shard's images and statistics tables (flows.layout.shard_tables) -> (the tar's bytes, samples in it)."""
+    stats_of = {r["prompt_id"]: r for r in stats.to_pylist()}
+    buf = io.BytesIO()
+    n = 0
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for index, row in enumerate(images.to_pylist()):
+            if row["image"] is None or row["image"]["bytes"] is None:
+                continue
+            key = f"{shard:05d}{index:0{digits}d}"
+            meta = {"key": key, "shard": shard} | {k: v for k, v in row.items() if k not in ("image", "tokens")}
+            meta |= {k: v for k, v in stats_of.get(row["prompt_id"], {}).items() if k not in meta}
+            _add(tar, f"{key}.{EXTENSIONS[row['image_format']]}", row["image"]["bytes"])
+            _add(tar, f"{key}.txt", (row["prompt"] or "").encode())
+            _add(tar, f"{key}.json", json.dumps(_strict(meta), sort_keys=True, allow_nan=False).encode())
+            n += 1
+    return buf.getvalue(), n
+
+
+def _strict(meta: dict) -> dict:
+    """NaN (e.g. `ar`'s acceptance rate: it speculates nothing) as null: strict JSON readers reject NaN."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in meta.items()}
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o644, 0
+    tar.addfile(info, io.BytesIO(data))
+
+
+def shard_files(out, attempt: str, shard: int, images: pa.Table, stats: pa.Table, fmt: str,
+                shard_size: int) -> list[dict]:
+    """Write a shard's data files for `fmt` under `attempt` (a folder from `Output.new_attempt`); returns their
+    records for the commit marker. Nothing here is visible to readers until the marker names it."""
+    files = []
+    if fmt != "webdataset":
+        files.append(out.write_table(f"{attempt}/images.parquet", images))
+    files.append(out.write_table(f"{attempt}/stats.parquet", stats))  # with webdataset alone: the tar's sidecar
+    if fmt != "parquet":
+        data, n = shard_tar(shard, images, stats, index_digits(shard_size))
+        files.append(out.write_bytes(f"{attempt}/{tar_name(shard)}", data, n))
+    return files

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ssdgen.options import DECODER, MODEL, friendly, model_on, spec_of, specs_of
+from ssdgen.options import DECODER, DEVICE, DTYPE, MODEL, friendly, model_on, spec_of, specs_of
 
 app = typer.Typer()
 
@@ -27,8 +27,7 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
               html: Optional[Path] = typer.Option(None, "--html", help="write a standalone HTML report here"),
               device_type: str = typer.Option("cpu", help="price row in infra/prices.csv for $ per 1k images "
                                                           "(cpu = per vCPU x torch threads; a GPU type = 1 GPU)"),
-              device: str = typer.Option("cpu", help="torch device for the model: cpu or cuda[:N]"),
-              seed: int = 0, model: Optional[str] = MODEL):
+              device: str = DEVICE, dtype: str = DTYPE, seed: int = 0, model: Optional[str] = MODEL):
     """Compare decoders side by side: forwards, time, cost, quality and fidelity, speedups measured in this
     run. The decoders share one sampling setting (give cfg, temperature, top_k, top_p in each spec)."""
     from bench.decode import bench, check_args, resolve_device
@@ -43,7 +42,7 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
     check_args(specs, sizes)  # all argument errors before the model loads
     chosen = specs_of(quality_decoders) if quality_decoders else None
     resolve_device(device, device_type)
-    res = bench(model_on(model, device), specs, n, sizes, quality_n, seed=seed, log=typer.echo,
+    res = bench(model_on(model, device, dtype), specs, n, sizes, quality_n, seed=seed, log=typer.echo,
                 device_type=device_type, quality_decoders=chosen, fidelity_n=fidelity_n, tolerance=tolerance)
     samples = res.pop("samples", None)  # images: for the page, not the JSON
     cols = ("decoder", "batch_size", "forwards_per_image", "tokens_per_forward", "seconds_per_image",
@@ -69,8 +68,7 @@ def fidelity_cmd(decoders: str = typer.Option("sjd,ssd:lossless=true,csd,ssd+csd
                  tolerance: float = typer.Option(0.15, help="allowed |NLL gap| in nats/token (95% interval)"),
                  prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)"),
                  json_path: Optional[Path] = typer.Option(None, "--json"),
-                 device: str = typer.Option("cpu", help="torch device for the model: cpu or cuda[:N]"),
-                 model: Optional[str] = MODEL):
+                 device: str = DEVICE, dtype: str = DTYPE, model: Optional[str] = MODEL):
     """Fidelity against the target: NLL per token of each decoder's tokens under the model, its gap to AR
     with bootstrap intervals, FD to AR's own samples and accuracy deltas (reference model)."""
     from decoders.spec import common_sampling
@@ -93,7 +91,7 @@ def fidelity_cmd(decoders: str = typer.Option("sjd,ssd:lossless=true,csd,ssd+csd
         texts, seeds = [r["prompt"] for r in rows], [seed * 1_000_003 + r["seed"] for r in rows]
     if len(texts) < 2:
         raise ValueError("fidelity needs at least 2 prompts")
-    res = fidelity(model_on(model, device), specs, texts, seeds, batch_size, tolerance, log=typer.echo)
+    res = fidelity(model_on(model, device, dtype), specs, texts, seeds, batch_size, tolerance, log=typer.echo)
     if json_path:
         json_path.write_text(json.dumps(res, indent=1))
         typer.echo(f"wrote {json_path}")

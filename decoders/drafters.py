@@ -45,7 +45,7 @@ class Drafter(Protocol):
               u: torch.Tensor) -> torch.Tensor:
         """Fill buf[b, start_b + o] for window slots first_b <= o < end_b, in place; return the draft
         distributions p [B, K, V] by window slot (slots outside [first_b, end_b) are meaningless).
-        u [B, K]: uniforms from each sample's generator, at least one per drafted slot."""
+        u [B, K]: uniforms keyed by each sample's seed (rng.py), at least one per drafted slot."""
 
 
 class _GuessDrafter:
@@ -121,6 +121,7 @@ class HeadsDrafter:
         """size: hidden-state slots per sample (indices -1 .. size - 2; writes past the end land on the last)."""
         dev = model_device(model)
         self.model, self.heads, self.sc, self.two_d, self.W = model, heads, sc, two_d, model.grid[1]
+        # fp32 whatever the model's dtype: the heads chain their predictions in fp32 (ssd_heads.py)
         self.hb = torch.zeros(batch, size, model.hidden_dim, device=dev)  # [B, size, D]
         self.hbu = torch.zeros_like(self.hb) if sc.uses_cfg else None
         self.rows = torch.arange(batch, device=dev)
@@ -135,6 +136,7 @@ class HeadsDrafter:
         for hs, new in ((self.hb, out.hidden), (self.hbu, out.hidden_uncond)):
             if hs is None:
                 continue
+            new = new.to(hs.dtype)  # an indexed write needs matching dtypes (a bf16 model's hidden states)
             if fed is None:
                 hs[self.rows[:, None], slot] = new
             else:  # keep what padding positions would overwrite

@@ -16,8 +16,9 @@ distribution q_j at judgement depends only on indices < j, so the draft is an ex
 accept test and the residual draw use fresh uniforms.
 Each sample advances by its own accepted length: no minimum over the batch. The KV cache is
 position-indexed, so a sample's rollback is just its next window starting at its own n_b.
-Randomness is drawn per sample, only while the sample is still decoding, so a sample's tokens do not
-depend on its batch-mates.
+Randomness is counter-based (rng.py): a forward's uniforms are keyed by the sample's seed and its own forward
+number (which its own progress sets), and the coupled noise by its seed and the image index, so a sample's
+tokens do not depend on its batch-mates, and the whole batch's numbers come from one set of tensor ops.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ import time
 
 import torch
 
+from . import rng
 from .ar import prefill
 from .configs import SJDConfig  # noqa: F401 - re-exported
 from .drafters import Drafter, guess_drafter
 from .protocol import ImageTokenModel, check_request
-from .sampling import (PositionNoise, SamplingConfig, gumbel_sample, make_generators, model_device, processed_probs,
-                       sample_from, uniforms)
+from .sampling import SamplingConfig, gumbel_sample, model_device, processed_probs, sample_from
 from .stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult, Tally
 from .verify import Verdict, entropy, verify
 
@@ -42,11 +43,11 @@ def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
     """SJD (CSD with cfg.relax active) with fresh drafts from `drafter`, by default cfg.init's."""
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
     t0 = time.perf_counter()
-    dev = model_device(model)  # every buffer and generator below lives on it
-    gens = make_generators(seeds, dev)
+    dev = model_device(model)  # every buffer and key below lives on it
+    streams = rng.Streams(seeds, dev)
     drafter = drafter or guess_drafter(cfg.init, model.grid, model.n_codes)
-    jac = _Jacobi(model, sc, cfg, drafter, gens, dev)
-    out, jac.buf[:, 0] = prefill(model, prompts, sc, gens, jac.tally)
+    jac = _Jacobi(model, sc, cfg, drafter, streams, dev)
+    out, jac.buf[:, 0] = prefill(model, prompts, sc, streams, jac.tally)
     drafter.begin(out)
     jac.first_window()
     while (jac.n < jac.N).any():
@@ -62,39 +63,38 @@ class _Jacobi:
     each sample's committed count; `forward` runs one iteration of the module doc's steps 1-4."""
 
     def __init__(self, model: ImageTokenModel, sc: SamplingConfig, cfg: SJDConfig, drafter: Drafter,
-                 gens: list[torch.Generator], dev: torch.device):
-        B, (H, W) = len(gens), model.grid
-        self.model, self.sc, self.relax, self.drafter, self.gens = model, sc, cfg.relax, drafter, gens
+                 streams: rng.Streams, dev: torch.device):
+        B, (H, W) = len(streams.key), model.grid
+        self.model, self.sc, self.relax, self.drafter, self.streams = model, sc, cfg.relax, drafter, streams
         self.N, self.K, self.V = H * W, cfg.window - 1, model.n_codes
         N, K = self.N, self.K
         self.rows = torch.arange(B, device=dev)
         self.slots = torch.arange(K + 1, device=dev)  # window slots 0 .. K
         self.offsets = self.slots[:K]  # draft slots 0 .. K - 1
-        # drawn before the prefill: PositionNoise moves each CPU generator past its noise table (sampling.py)
-        self.noise = PositionNoise(gens, N + K + 1, self.V, span=K + 1, device=dev) if cfg.coupled else None
+        self.noise = rng.PositionNoise(streams.base(rng.Purpose.NOISE), self.V, span=K + 1) if cfg.coupled else None
         self.buf = torch.zeros(B, N + K + 1, dtype=torch.long, device=dev)  # committed tokens, then the current drafts
         self.p: torch.Tensor | None = None  # [B, K, V] draft distribution of each window slot (first_window)
         self.n = torch.ones(B, dtype=torch.long, device=dev)  # tokens committed per sample
+        self.t = torch.zeros(B, dtype=torch.long, device=dev)  # forwards per sample: its uniforms' counter
         self.tally = Tally(B, N + K + 1, dev, hist_bins=K + 2)
 
     def first_window(self) -> None:
         """Fresh drafts for the whole first window, after the prefill's token 0."""
         n, K = self.n, self.K
-        u_init = uniforms(self.gens, K)  # [B, K]
+        u_init = self.streams.uniform(rng.Purpose.SJD_FIRST, 0, width=K)  # [B, K]
         self.p = self.drafter.draft(self.buf, n, torch.zeros_like(n), torch.full_like(n, K), u_init)
 
     def forward(self) -> None:
         N, K, n, rows = self.N, self.K, self.n, self.rows
         active = n < N
-        act = active.nonzero().squeeze(1).tolist()  # who draws randomness this forward
         idx = (n - 1)[:, None] + self.slots  # [B, K+1] window indices, may run past N
         tokens = self.buf[rows[:, None], idx]  # [B, K+1]
         out = self.model.step(tokens, idx)
         self.drafter.observe(out, idx)
         q = processed_probs(out.cond, out.uncond, self.sc)  # [B, K+1, V]
-        # per-sample randomness, only for samples still decoding: accept K, resample 1, Jacobi K+1, init K
-        u = torch.zeros(len(rows), 3 * K + 2, device=n.device)
-        u[act] = uniforms([self.gens[b] for b in act], 3 * K + 2)
+        # keyed by (seed, the sample's forward number): accept K, resample 1, Jacobi K+1, init K
+        u = self.streams.uniform(rng.Purpose.SJD_STEP, self.t, width=3 * K + 2)  # [B, 3K+2]
+        self.t = self.t + active.long()  # finished samples' numbers are never used
         u_acc, u_res, u_jac, u_init = u[:, :K], u[:, K], u[:, K + 1:2 * K + 2], u[:, 2 * K + 2:]
         n_valid = (N - n).clamp(max=K)  # [B] drafts that lie inside the image
         v = verify(tokens[:, 1:], self.p, q, n_valid, u_acc, u_res, self.relax)

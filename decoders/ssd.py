@@ -14,6 +14,8 @@ Per block and sample b, with n_b tokens committed (docs/algorithms.md §3):
   3. Commit all L_b tokens (lossy after r rounds); the next forward re-feeds from the first position whose
      KV is stale.
 Each sample advances by its own amount; KV caches are position-indexed, so re-feeding is the rollback.
+A block's uniforms are keyed by (the sample's seed, its own block number, the block offset) (rng.py): the
+same for a sample alone or in any batch, whatever the batch's largest block.
 
 `commit="prefix"` commits only the verified raster prefix: SJD semantics with SSD drafts (`lossless=True` is
 this engine without CSD's relaxation; with it, CSD's TV-filtered relaxation applies to every judgement). It runs the SJD
@@ -32,12 +34,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import rng
 from .ar import decode_ar, prefill
 from .configs import SSDConfig
 from .cost_curve import best_rows, cost_curve_for
 from .drafters import Drafter, HeadsDrafter
 from .protocol import ImageTokenModel, check_request
-from .sampling import SamplingConfig, make_generators, model_device, processed_probs, sample_from, uniforms
+from .sampling import SamplingConfig, model_device, processed_probs, sample_from
 from .sjd import SJDConfig, decode_sjd
 from .ssd_heads import SpatialHeads
 from .stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult, Tally
@@ -109,8 +112,8 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
             st.extra = {"block_sizes": [], "rounds_per_block": []} | plan
         return res
     t0 = time.perf_counter()
-    dev = model_device(model)  # every buffer and generator below lives on it
-    gens = make_generators(seeds, dev)
+    dev = model_device(model)  # every buffer and key below lives on it
+    streams = rng.Streams(seeds, dev)
     B, (H, W) = len(prompts), model.grid
     policy = AdaptivePolicy(cfg, B, W, cap if cfg.calibrated else None, device=dev)
     N, Lmax = H * W, policy.cap * W
@@ -118,17 +121,21 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
     drafter = HeadsDrafter(model, heads, sc, cfg.two_d, B, size)
     tally = Tally(B, size, dev)
     buf = torch.zeros(B, size, dtype=torch.long, device=dev)  # committed tokens, then the block's drafts
-    out, buf[:, 0] = prefill(model, prompts, sc, gens, tally)
+    out, buf[:, 0] = prefill(model, prompts, sc, streams, tally)
     drafter.begin(out)
     n = torch.ones(B, dtype=torch.long, device=dev)  # committed tokens
     feed = torch.zeros(B, dtype=torch.long, device=dev)  # first index whose KV is not current
+    if Lmax >= 2 ** 16:  # the uniforms' counter holds a block's offset in its low 16 bits
+        raise ValueError(f"SSD blocks of {Lmax} tokens are too long (at most 65,535); draft fewer rows")
+    block = torch.zeros(B, dtype=torch.long, device=dev)  # blocks per sample: its uniforms' counter
+    offsets = torch.arange(Lmax, device=dev)  # [Lmax]
     while (n < N).any():
         active = n < N
-        act = active.nonzero().squeeze(1).tolist()  # who draws randomness this block
         L = torch.where(active, torch.minimum(N - n, policy.rows * W), 0)  # [B] block lengths
         # per sample and block offset: draft, then accept / resample per round, bonus (offset 0's last)
-        u = torch.zeros(B, Lmax, 3 + 2 * (cfg.rounds + 1), device=dev)
-        u[act] = uniforms([gens[b] for b in act], Lmax, u.shape[-1])
+        u = streams.uniform(rng.Purpose.SSD_BLOCK, block[:, None] * 2 ** 16 + offsets,
+                            width=3 + 2 * (cfg.rounds + 1))  # [B, Lmax, 3 + 2 (rounds + 1)]
+        block = block + active.long()  # finished samples' numbers are never used
         p = drafter.draft(buf, n, torch.zeros_like(n), L, u[:, :, 0])  # [B, Lmax, V]
         original = buf.clone()  # the drafts: a committed token that differs from its draft was resampled
         blk = _Block.start(n, L, p, feed)

@@ -13,6 +13,11 @@ and head (`model.logits_from_hidden`), so they live in the same processed distri
 
 Heads are saved as safetensors with a JSON config that names the backbone (its name and weights'
 checksum); loading refuses heads of another shape or for another model.
+
+Precision: the heads are fp32 whatever the backbone's precision (small, and trained with AdamW, which a
+bf16 copy of the weights would not serve well). A head casts its inputs (the backbone's hidden states and
+embeddings, bf16 on a GPU) to its own dtype, and `draft_logits` casts its output back to the backbone's
+dtype before the backbone's norm + head.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from .sampling import model_device
+from .sampling import model_device, model_dtype
 
 KINDS = ("latent", "token")
 
@@ -67,6 +72,8 @@ class SpatialHead(nn.Module):
         nn.init.zeros_(self.fc2.bias)
 
     def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        # h [..., D], e [..., E] in the backbone's dtype -> the heads' (see the module doc)
+        h, e = h.to(self.fc1.weight.dtype), e.to(self.fc1.weight.dtype)
         y = self.fc2(F.silu(self.fc1(torch.cat([_rms(h), _rms(e)], dim=-1))))
         return h + y if self.kind == "latent" else y
 
@@ -79,8 +86,9 @@ class SpatialHeads(nn.Module):
         self.vertical = SpatialHead(cfg)
 
     def draft_logits(self, model, out: torch.Tensor) -> torch.Tensor:
-        """Head output -> logits over image codes: through the backbone's own norm + head for latent heads."""
-        return model.logits_from_hidden(out) if self.cfg.kind == "latent" else out
+        """Head output -> logits over image codes: through the backbone's own norm + head (in the backbone's
+        dtype) for latent heads."""
+        return model.logits_from_hidden(out.to(model_dtype(model))) if self.cfg.kind == "latent" else out
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

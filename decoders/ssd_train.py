@@ -6,7 +6,8 @@
    space (MSE, scaled by the mean square of h) plus a KL term through the backbone's frozen norm + head
    that asks the drafted distribution to match the backbone's. Token heads (the ablation) train on the
    KL term alone.
-The backbone is never updated.
+The backbone is never updated. It may be bf16 (a GPU checkpoint): its hidden states are kept in its dtype
+(half the memory), the heads and the losses are fp32 (ssd_heads.py).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig()
     with torch.device(h.device):  # the heads train where the backbone and its hidden states live
         heads = SpatialHeads(cfg)
     opt = torch.optim.AdamW(heads.parameters(), lr=dc.lr, weight_decay=0.0)
-    scale = h.pow(2).mean()
+    scale = h.float().pow(2).mean()
     gen = torch.Generator(device=h.device).manual_seed(dc.seed)  # the pairs each step trains on
     # pair index sets: horizontal i in [0, N-3] (target h(i+1) exists), vertical i in [0, N-2-W]
     n_h, n_v = h.shape[1] - 1, h.shape[1] - W
@@ -96,11 +97,12 @@ def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig()
         for name, head, n_pos, off, e_off in (("h", heads.horizontal, n_h, 1, 1), ("v", heads.vertical, n_v, W, 0)):
             m = torch.randint(0, M, (dc.batch,), generator=gen, device=h.device)
             i = torch.randint(0, n_pos, (dc.batch,), generator=gen, device=h.device)
-            target = h[m, i + off]
-            out = head(h[m, i], e[m, i + e_off])
+            target = h[m, i + off]  # [batch, D], the backbone's dtype
+            out = head(h[m, i], e[m, i + e_off])  # [batch, D or V], fp32
             with torch.no_grad():
-                p_t = F.softmax(model.logits_from_hidden(target), -1)
-            logp = F.log_softmax(heads.draft_logits(model, out), -1)
+                p_t = F.softmax(model.logits_from_hidden(target).float(), -1)
+            logp = F.log_softmax(heads.draft_logits(model, out).float(), -1)
+            target = target.float()
             kl = F.kl_div(logp, p_t, reduction="batchmean")
             mse = F.mse_loss(out, target) / scale if cfg.kind == "latent" else torch.zeros((), device=out.device)
             losses[name] = mse + dc.kl_weight * kl

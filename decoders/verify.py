@@ -88,8 +88,9 @@ def verify(draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, n_valid: torch
 
     draft [B, K] draft tokens; p [B, K, V] their draft distributions; q [B, K + 1, V] target distributions
     (q[:, j] for draft j, q[:, K] for the bonus); n_valid [B] how many drafts each sample may commit (the
-    rest lie past the image's end); u_accept [B, K], u_resample [B] uniforms from each sample's generator.
+    rest lie past the image's end); u_accept [B, K], u_resample [B] uniforms keyed by each sample's seed.
     """
+    p, q = p.float(), q.float()  # fp32 always, whatever the model's dtype (a no-op for processed_probs' output)
     B, K = draft.shape
     qd = q[:, :K]  # [B, K, V]
     tv = total_variation(p, qd)  # [B, K]
@@ -115,6 +116,7 @@ def verify_all(draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, judge: tor
     so its new token is a sample from q (given this forward's context) whatever p was.
     -> (tokens [B, K], rejected [B, K] bool, relaxed [B, K] bool: accepted only thanks to the relaxation).
     """
+    p, q = p.float(), q.float()  # fp32 always (see verify)
     ok, relaxed = accept(draft, p, q, u_accept, relax)
     rejected = judge & ~ok
     tokens = torch.where(rejected, sample_from(residual(q, p), u_resample), draft)

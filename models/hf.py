@@ -5,6 +5,7 @@ batches may be ragged and any sample may roll back to an earlier index while the
 plain strings encoded by a `PromptEncoder` (a tokenizer, or any str -> ids callable; see hf_common.py).
 Each adapter wraps a built model (`JanusAdapter(model, encoder, ...)`), or loads a local checkpoint
 (`JanusAdapter.from_pretrained(path)`, tokenizer from the same directory); `load_model("janus:/path")`.
+Checkpoints load from safetensors only: a folder holding only pickled weights (`.bin`, `.pt`) is refused.
 
 Janus: image tokens are the VQ codes [0, num_embeddings); they are embedded by `generation_embeddings` +
   `generation_aligner` and scored by `generation_head`, never the text embeddings / lm_head. Grid
@@ -51,8 +52,30 @@ __all__ = ["JanusAdapter", "Emu3Adapter", "ChameleonAdapter", "load_model", "Pro
            "as_prompt_encoder"]
 
 
+PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def check_safetensors(path: Path | str) -> None:
+    """Refuse a checkpoint folder without safetensors weights, with one line naming it: pickled weights
+    (`.bin`, `.pt`, ...) can run code when loaded, so they are never loaded (as the reference bundle does)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such checkpoint folder")
+    names = sorted(f.name for f in folder.iterdir())
+    if any(n.endswith(".safetensors") for n in names):
+        return
+    pickled = [n for n in names if n.endswith(PICKLED)]
+    if pickled:
+        raise ValueError(f"{folder}: holds only pickled weights ({', '.join(pickled[:3])}); ssdgen loads "
+                         "safetensors only (pickle can run code when loaded); convert the checkpoint to "
+                         ".safetensors first")
+    raise FileNotFoundError(f"{folder}: no .safetensors weights in this checkpoint folder")
+
+
 def _load(cls, path: Path | str, dtype, device):
-    return cls.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    check_safetensors(path)  # before transformers, whose own fallback would unpickle a .bin
+    return cls.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa",
+                               use_safetensors=True).to(device).eval()
 
 
 def _tokenizer(path: Path | str):

@@ -128,6 +128,11 @@ class HFImageAdapter:
     def device(self) -> torch.device:
         return next(self.lm.parameters()).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The decoder stack's precision (the decoders' probabilities are fp32 whatever it is)."""
+        return next(self.lm.parameters()).dtype
+
     def _offset(self, index: torch.Tensor | int) -> torch.Tensor | int:
         """Image index -> offset of its slot after the prompt (a tensor, or an int for sizes)."""
         if self.line_break_id is None:

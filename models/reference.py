@@ -15,11 +15,14 @@ from reference.weights import load_bundle
 class ReferenceModel:
     """Wraps a trained bundle. With CFG, the cache holds 2B rows: conditional first, unconditional after."""
 
-    def __init__(self, path: Path | str | None = None, device: str | torch.device = "cpu"):
+    def __init__(self, path: Path | str | None = None, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        """dtype: the transformer's precision; the VQ decoder stays fp32 (it runs once per image, and pixels
+        are what the user keeps)."""
         bundle = load_bundle(path)
         device = torch.device(device)
         # frozen: decoders and heads train around it
-        self._attach(bundle.gpt.to(device).requires_grad_(False), bundle.vq.to(device).requires_grad_(False),
+        self._attach(bundle.gpt.to(device, dtype).requires_grad_(False), bundle.vq.to(device).requires_grad_(False),
                      bundle.name, bundle.path, bundle.checksums["gpt.safetensors"])
 
     @classmethod
@@ -32,6 +35,7 @@ class ReferenceModel:
     def _attach(self, gpt, vq, name: str, path: Path | None, digest: str | None) -> None:
         self.gpt, self.vq = gpt, vq
         self.device = next(gpt.parameters()).device
+        self.dtype = next(gpt.parameters()).dtype  # the transformer's; the decoders' probabilities are fp32
         self.name, self.path = name, path
         self.weights_digest = digest  # heads trained for these weights only
         self.default_heads = path / "heads" if path else None  # SSD heads: heads.safetensors + heads.json

@@ -11,7 +11,8 @@ from typing import Optional
 
 import typer
 
-from ssdgen.options import CFG, DECODER, MODEL, SPEC_HELP, TOPK, model_of, sampling_of, spec_of, friendly
+from ssdgen.options import (CFG, DECODER, DEVICE, DTYPE, MODEL, SPEC_HELP, TOPK, friendly, model_of, model_on,
+                            sampling_of, spec_of)
 
 app = typer.Typer()
 
@@ -69,13 +70,15 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: Optional[str] = typer.Opt
                     kind: str = typer.Option("latent", help="latent, token, or latent,token (both learn from one "
                                                             "set of samples)"),
                     cfg: float = CFG, top_k: int = TOPK, seed: int = 0,
-                    prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)")):
-    """Train SSD's horizontal and vertical heads by self-distillation on the frozen model's own samples."""
+                    prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)"),
+                    device: str = DEVICE, dtype: str = DTYPE):
+    """Train SSD's horizontal and vertical heads by self-distillation on the frozen model's own samples (the
+    heads train in fp32 whatever the model's --dtype)."""
     from decoders.ssd_train import DistillConfig, collect, train_heads
     kinds = [k.strip() for k in kind.split(",") if k.strip()]
     if not kinds or set(kinds) - {"latent", "token"} or len(set(kinds)) < len(kinds):
         raise ValueError(f"--kind must be latent, token or latent,token; got {kind!r}")
-    m = model_of(model)
+    m = model_on(model, device, dtype)
     default = getattr(m, "default_heads", None)
     if out is not None:
         dests = [Path(o.strip()) for o in out.split(",")]
@@ -141,7 +144,7 @@ def tokenizer_report(n: int = 1024, json_path: Optional[Path] = typer.Option(Non
 @friendly
 def eval_cmd(decoder: str = DECODER, n: int = 1024, batch_size: int = 64, seed: int = 0,
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
-             model: Optional[str] = MODEL):
+             model: Optional[str] = MODEL, device: str = DEVICE, dtype: str = DTYPE):
     """Decode the fixed eval prompts and report scene accuracy, object accuracy and FD."""
     from reference.evaluate import evaluate
     spec = spec_of(decoder)
@@ -149,7 +152,7 @@ def eval_cmd(decoder: str = DECODER, n: int = 1024, batch_size: int = 64, seed: 
         raise ValueError(f"--n must be in 1..1024 (the eval set has 1,024 prompts), got {n}")
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-    res = evaluate(model_of(model), spec, n, batch_size, seed)
+    res = evaluate(model_on(model, device, dtype), spec, n, batch_size, seed)
     rep = res["scorer"]
     typer.echo(f"model {res['model']}  decoder {spec}  n {res['n']}  batch {batch_size}  seed {seed}")
     for k in ("scene_accuracy", "object_accuracy", "fd", "fd_real_heldout", "forwards_per_image",
@@ -211,12 +214,12 @@ def eval_heads(heads: str = typer.Option("reference/weights/heads,reference/weig
                                          help="comma-separated heads paths (without suffix)"),
                n: int = typer.Option(64, help="eval prompts"), batch_size: int = 64, seed: int = 0,
                cfg: float = CFG, model: Optional[str] = MODEL,
-               json_path: Optional[Path] = typer.Option(None, "--json")):
+               json_path: Optional[Path] = typer.Option(None, "--json"), device: str = DEVICE, dtype: str = DTYPE):
     """Draft acceptance of SSD heads with exact context (teacher forcing), e.g. latent against token heads."""
     from decoders import load_heads
     from decoders.ssd_train import draft_acceptance
     from reference.prompts import eval_prompts
-    m = model_of(model)
+    m = model_on(model, device, dtype)
     sc = sampling_of(cfg, 1.0, 0, 1.0)
     rows = eval_prompts(n)
     res = {"n": n, "rows": []}

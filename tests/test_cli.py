@@ -27,13 +27,17 @@ def run(*args, timeout=300):
     (["bench", "--decoders", "ar:cfg=2,csd"], "must share their sampling"),
     (["sample", "--prompt", GOOD, "--model", "reference:/nonexistent"], "not a model bundle"),
     (["eval", "--n", "0"], "--n must be in 1..1024"),
+    (["sample", "--prompt", GOOD, "--dtype", "fp16"], "fp16 is not supported on the CPU"),
+    (["train-heads", "--dtype", "fp64", "--out", "/nonexistent/heads"], "--dtype must be one of"),
     (["generate", "--prompts", "/nonexistent/prompts.parquet"], "/nonexistent/prompts.parquet"),
     (["generate", "--prompts", "x.parquet", "--device-type", "tpu-v9"], "known"),
     (["generate", "--prompts", "x.parquet", "--batch-size", "0"], "--batch-size must be >= 1"),
     (["generate", "--prompts", "x.parquet", "--device-type", "h100"], "priced per GPU"),
     (["generate", "--prompts", "x.parquet", "--image-format", "gif"], "--image-format must be one of png, webp"),
     (["generate", "--prompts", "x.parquet", "--image-format", "jpeg", "--quality", "0"], "--quality must be in"),
+    (["generate", "--prompts", "x.parquet", "--format", "zip"], "--format must be one of parquet, webdataset"),
     (["status", "/nonexistent/run"], "no ssdgen run here"),
+    (["export", "/nonexistent/run", "--to", "x"], "no ssdgen run here"),
     (["train-heads", "--kind", "latent,pixel"], "--kind must be latent, token or latent,token"),
 ])
 def test_bad_input_gets_a_clear_error(args, message, tmp_path):

@@ -3,7 +3,9 @@
 `JanusAdapter.from_pretrained` takes the image-start (BOI) id from the arguments, else the checkpoint's generation
 config, else the tokenizer's `boi_token`. The fallbacks are lazy: a tokenizer without `boi_token` must not break
 loading when the generation config already gives the id (it used to raise AttributeError), and without any
-source the error says what to pass. Checkpoints are the tiny random Janus of test_hf_adapters, saved offline.
+source the error says what to pass. Weights load from safetensors only (a folder of pickled `.bin` weights is
+refused, naming the folder), in the dtype asked for. Checkpoints are the tiny random Janus of test_hf_adapters,
+saved offline.
 """
 
 import os
@@ -85,3 +87,34 @@ def test_no_boi_anywhere_names_what_to_pass(janus_dir, monkeypatch):
     monkeypatch.setattr(hf, "_tokenizer", lambda p: _Tokenizer(pad_token_id=a.pad_id))
     with pytest.raises(ValueError, match="pass boi_id="):
         hf.JanusAdapter.from_pretrained(src, dtype=torch.float32)
+
+
+# ------------------------------------------------------------------ safetensors only, device and dtype
+
+def test_a_folder_of_pickled_weights_is_refused_naming_it(janus_dir, tmp_path, monkeypatch):
+    a, src = janus_dir
+    (tmp_path / "config.json").write_bytes((src / "config.json").read_bytes())
+    torch.save(a.model.state_dict(), tmp_path / "pytorch_model.bin")  # what an old checkpoint holds
+    monkeypatch.setattr(hf, "_tokenizer", lambda p: _Tokenizer(a.pad_id, ("<begin_of_image>", a.boi_id)))
+    with pytest.raises(ValueError, match="holds only pickled weights") as e:
+        hf.load_model(f"janus:{tmp_path}")
+    assert str(tmp_path) in str(e.value) and "safetensors" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_folder_without_weights_or_a_missing_folder_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no .safetensors weights"):
+        hf.load_model(f"emu3:{tmp_path}")
+    with pytest.raises(FileNotFoundError, match="no such checkpoint folder"):
+        hf.load_model(f"chameleon:{tmp_path / 'nowhere'}")
+
+
+def test_the_registry_loads_a_checkpoint_in_the_dtype_asked_for(janus_dir, monkeypatch):
+    from models.registry import load_model
+    a, src = janus_dir
+    assert any(f.suffix == ".safetensors" for f in src.iterdir())
+    monkeypatch.setattr(hf, "_tokenizer", lambda p: _Tokenizer(a.pad_id, ("<begin_of_image>", a.boi_id)))
+    auto = load_model(f"janus:{src}", device="cpu")  # auto: fp32 on the CPU
+    assert auto.dtype == torch.float32 and auto.device == torch.device("cpu")
+    assert load_model(f"janus:{src}", dtype="bf16").dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="fp16 is not supported on the CPU"):
+        load_model(f"janus:{src}", dtype="fp16")

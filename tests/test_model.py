@@ -1,10 +1,11 @@
 """AR transformer and sampling: KV-cache rollback per sample, CFG arithmetic, processed distribution,
-per-sample generators, and batch invariance of seeded sampling."""
+per-sample random numbers, and batch invariance of seeded sampling."""
 
 import pytest
 import torch
 
-from decoders.sampling import SamplingConfig, cfg_mix, make_generators, processed_probs, sample, uniforms
+from decoders import rng
+from decoders.sampling import SamplingConfig, cfg_mix, processed_probs, sample_from
 from reference.gpt import GPT, GPTConfig
 
 TINY = GPTConfig(dim=64, n_layers=2, n_heads=4, mlp_hidden=96, caption_len=6, grid=4, n_caption_words=8)
@@ -71,11 +72,11 @@ def test_bad_sampling_parameters_are_named(kw, name):
         SamplingConfig(**kw)
 
 
-def test_per_sample_generators_are_independent_of_batch():
-    alone = uniforms(make_generators([7]), 5)
-    batched = uniforms(make_generators([1, 7, 3]), 5)
+def test_per_sample_random_numbers_are_independent_of_batch():
+    alone = rng.Streams([7]).uniform(rng.Purpose.TOKEN, 3, width=5)
+    batched = rng.Streams([1, 7, 3]).uniform(rng.Purpose.TOKEN, 3, width=5)
     assert torch.equal(alone[0], batched[1])
     probs = torch.softmax(torch.randn(3, 50), -1)
-    t1 = sample(probs, make_generators([1, 7, 3]))
-    t2 = sample(probs[1:2], make_generators([7]))
+    t1 = sample_from(probs, rng.Streams([1, 7, 3]).uniform(rng.Purpose.TOKEN, 0))
+    t2 = sample_from(probs[1:2], rng.Streams([7]).uniform(rng.Purpose.TOKEN, 0))
     assert t1[1] == t2[0]

@@ -74,7 +74,7 @@ def _shard_images(out: Output, f: dict) -> list[dict]:
 
 
 def _tar_rows(out: Output, url: str) -> list[dict]:
-    """Image rows from a WebDataset tar (flows.webdataset): KEY.json gives the row, KEY.{png,webp,jpg} the image."""
+    """Image rows from a WebDataset tar (flows.webdataset_shards): KEY.json gives the row, KEY.{png,webp,jpg} the image."""
     fs, path = (out.fs, url) if "://" not in url else _fs_for(url)
     rows: dict[str, dict] = {}
     with fs.open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:

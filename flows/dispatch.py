@@ -41,7 +41,7 @@ from datetime import datetime, timezone
 from .audit import AUDIT_FILE, audit_table, mark_rows, shard_audit
 from .layout import Output, shard_tables
 from .plan import RowGroupCache, Shard, read_shard
-from .webdataset import shard_files
+from .webdataset_shards import shard_files
 
 
 NOT_TRANSIENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)

@@ -4,7 +4,7 @@
     {out}/shards/{shard:06d}/attempt-{uuid}/images.parquet   one row per prompt: image {bytes, path}, token grid, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/stats.parquet    one row per prompt: status, error, forwards, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/audit.parquet    with --audit: one row per audited prompt (flows.audit)
-    {out}/shards/{shard:06d}/attempt-{uuid}/{shard:05d}.tar  with --format webdataset|both (flows.webdataset)
+    {out}/shards/{shard:06d}/attempt-{uuid}/{shard:05d}.tar  with --format webdataset|both (flows.webdataset_shards)
     {out}/shards/{shard:06d}/_SUCCESS.json               commit marker, written last, create-only
     {out}/manifest.parquet                               one row per committed shard (file URLs, rows, sha256)
     {out}/summary.json                                   run totals and cost
@@ -76,7 +76,7 @@ MANIFEST_SCHEMA = pa.schema([
     ("shard", pa.int64()), ("attempt", pa.string()), ("rows", pa.int64()), ("ok", pa.int64()), ("failed", pa.int64()),
     ("images_url", pa.string()), ("stats_url", pa.string()), ("images_sha256", pa.string()),
     ("stats_sha256", pa.string()), ("audit_url", pa.string()),
-    # --format webdataset|both: the shard's tar (flows.webdataset); images_url is null with webdataset alone
+    # --format webdataset|both: the shard's tar (flows.webdataset_shards); images_url is null with webdataset alone
     ("tar_url", pa.string()), ("tar_sha256", pa.string())])
 
 

@@ -1,5 +1,5 @@
 """The generation flow: Parquet prompts on any fsspec URL -> images and per-sample statistics as committed
-Parquet shards (and/or WebDataset tars, flows/webdataset.py), on a pool of Ray actors, driven by Prefect.
+Parquet shards (and/or WebDataset tars, flows/webdataset_shards.py), on a pool of Ray actors, driven by Prefect.
 
     plan (metadata only) -> skip committed shards -> groups of shards as Prefect tasks with retries, a few at
     a time (flows.groups) -> a bounded window of shards over the actors (flows.dispatch): read its rows ->
@@ -49,7 +49,7 @@ from .groups import RunContext, run_groups
 from .inputs import InputError, InputFile, check_unique_prompt_ids, list_inputs
 from .layout import Output
 from .plan import ShardPlan
-from .webdataset import check_format
+from .webdataset_shards import check_format
 
 # How long a shard waits for its actor's restart. After a node loss the restart waits for free resources: an
 # autoscaler's new GPU node takes minutes, and until then every call to the actor fails at once.
@@ -76,11 +76,12 @@ class GenerateConfig:
     audit_tolerance: float = DEFAULT_TOLERANCE
     image_format: str = "png"  # png | webp | jpeg, encoded on the actors (workers.decode_worker.encode_image)
     quality: int = 90  # webp/jpeg only
-    format: str = "parquet"  # parquet | webdataset | both: the shard's data files (flows/webdataset.py)
+    format: str = "parquet"  # parquet | webdataset | both: the shard's data files (flows/webdataset_shards.py)
+    dtype: str = "auto"  # the model's precision on the actors (models/registry.py; auto: bf16 for HF on a GPU)
 
     def validate(self) -> Price:
         from workers.decode_worker import check_image_format
-        from models.registry import check_model_spec
+        from models.registry import check_dtype, check_model_spec
         if not self.prompts:
             raise ValueError("--prompts: give at least one Parquet file or prefix")
         for name in ("shard_size", "batch_size", "actors"):
@@ -92,6 +93,7 @@ class GenerateConfig:
         check_audit(self.audit, self.audit_tolerance)
         check_image_format(self.image_format, self.quality)
         check_format(self.format)
+        check_dtype(self.dtype, on_gpu=self.gpus_per_actor > 0)
         price = price_for(self.device_type)
         if price.unit == "gpu" and self.gpus_per_actor <= 0:
             raise ValueError(f"--device-type {self.device_type} is priced per GPU, but actors get no GPU "
@@ -117,7 +119,7 @@ class GenerateConfig:
 
     def worker_spec(self) -> dict:
         return {"model": self.model, "decode": self.decoder.to_dict(), "threads": self.threads,
-                "image_format": self.image_format, "quality": self.quality}
+                "image_format": self.image_format, "quality": self.quality, "dtype": self.dtype}
 
     def recorded(self, files: list[InputFile]) -> dict:
         """What `_config.json` holds: everything that decides which images come out. No credentials."""
@@ -129,7 +131,8 @@ class GenerateConfig:
         image = {"image_format": self.image_format, "quality": self.quality} if self.image_format != "png" else {}
         # and the output format only when not parquet: a resume must not mix shards with and without tars
         fmt = {"format": self.format} if self.format != "parquet" else {}
-        return {k: getattr(self, k) for k in keys} | {"decoder": str(self.decoder)} | audit | image | fmt | {
+        dtype = {"dtype": self.dtype} if self.dtype != "auto" else {}  # a precision changes the images
+        return {k: getattr(self, k) for k in keys} | {"decoder": str(self.decoder)} | audit | image | fmt | dtype | {
             "inputs": [{"url": f.url, "rows": f.num_rows, "bytes": f.size} for f in files]}
 
     @property
@@ -190,7 +193,7 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
              cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
              ray_address: str | None = None, cluster_limit: str | None = None, audit: float = 0.0,
              audit_tolerance: float = DEFAULT_TOLERANCE, image_format: str = "png", quality: int = 90,
-             format: str = "parquet", progress: bool = True) -> dict:
+             format: str = "parquet", dtype: str = "auto", progress: bool = True) -> dict:
     """Generate an image for every prompt row; resumable. `decoder` is a decode spec (decoders/spec.py), e.g.
     `ssd+csd:token_budget=0:cfg=3`, parsed here: the flow is the edge for deployments. `out` may hold `{date}`, filled with the run's
     scheduled date (YYYY-MM-DD), so a scheduled deployment renders into one folder per day. `cluster_limit`
@@ -198,7 +201,7 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
     of per GPU (per actor on CPUs) while its actors exist. `audit` is the fraction of prompts whose NLL gap to
     `ar` is measured (flows/audit.py), `audit_tolerance` the allowed gap. `image_format` (png, webp, jpeg) and
     `quality` (webp/jpeg) choose how the images are encoded, `format` (parquet, webdataset, both) which files
-    a shard holds (flows/webdataset.py)."""
+    a shard holds (flows/webdataset_shards.py), `dtype` the model's precision on the actors (auto, fp32, bf16, fp16)."""
     if "{date}" in out:
         from prefect.runtime import flow_run
         when = flow_run.scheduled_start_time or datetime.now(timezone.utc)
@@ -207,7 +210,7 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
                          shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
                          gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address,
                          cluster_limit=cluster_limit, audit=audit, audit_tolerance=audit_tolerance,
-                         image_format=image_format, quality=quality, format=format)
+                         image_format=image_format, quality=quality, format=format, dtype=dtype)
     return execute(cfg, progress=progress)
 
 

@@ -17,6 +17,15 @@ HF_KINDS = ("janus", "emu3", "chameleon")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 
 
+def check_dtype(name: str, on_gpu: bool) -> None:
+    """The checks of `resolve_dtype` without torch, for the flow's settings (the driver never loads torch)."""
+    if name not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    if name == "fp16" and not on_gpu:
+        raise ValueError("--dtype fp16 is not supported on the CPU (half-precision matmuls there are missing or "
+                         "slow); use fp32 or bf16 on the CPU, or fp16 with --gpus-per-actor")
+
+
 def resolve_dtype(name: str, device: str, hf: bool = False):
     """'auto' | 'fp32' | 'bf16' | 'fp16' on `device` -> a torch dtype; a ValueError with one clear line for an
     unknown name or fp16 on the CPU. hf: the model is a Hugging Face checkpoint (auto picks bf16 on a GPU)."""

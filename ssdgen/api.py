@@ -31,7 +31,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from flows.layout import IMAGES_SCHEMA, MANIFEST, MANIFEST_SCHEMA, STATS_SCHEMA, Output, manifest_row
-from flows.webdataset import index_digits, shard_tar
+from flows.webdataset_shards import index_digits, shard_tar
 
 EXPORT_FORMATS = ("parquet", "webdataset")
 CHUNK = 8 * 2**20  # bytes per read while copying a file
@@ -138,7 +138,7 @@ def _copy(src: Output, url: str, sha256: str | None, dst: Output, path: str) -> 
 
 
 def _build_tar(src: Output, m: dict, digits: int, dst: Output, path: str) -> int:
-    """A committed Parquet shard's tar, built as the flow builds it (flows.webdataset.shard_tar)."""
+    """A committed Parquet shard's tar, built as the flow builds it (flows.webdataset_shards.shard_tar)."""
     images = _read(src, [m["images_url"]], IMAGES_SCHEMA, IMAGES_SCHEMA.names)
     stats = _read(src, [m["stats_url"]], STATS_SCHEMA, STATS_SCHEMA.names)
     data, _ = shard_tar(int(m["shard"]), images, stats, digits)

@@ -59,6 +59,7 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
              seed: int = typer.Option(0, help="run seed; a row's own `seed` column wins"),
              audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
              image_format: str = IMAGE_FORMAT, quality: int = QUALITY, output_format: str = FORMAT,
+             dtype: str = DTYPE,
              progress: bool = typer.Option(True, help="show a progress bar")):
     """Generate images for Parquet prompts with a Prefect flow on Ray actors; resumable (run it again)."""
     from flows.inputs import list_inputs
@@ -69,14 +70,15 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
                    shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
                    gpus_per_actor=gpus_per_actor, device_type=device_type, audit=audit,
                    audit_tolerance=audit_tolerance, image_format=image_format, quality=quality,
-                   format=output_format).validate()
+                   format=output_format, dtype=dtype).validate()
     list_inputs(list(prompts))
     with flow_console():
         summary = flow(prompts=prompts, out=out, model=model or "reference", decoder=str(spec), seed=seed,
                        shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
                        gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address,
                        cluster_limit=cluster_limit, audit=audit, audit_tolerance=audit_tolerance,
-                       image_format=image_format, quality=quality, format=output_format, progress=progress)
+                       image_format=image_format, quality=quality, format=output_format, dtype=dtype,
+                       progress=progress)
     _print_summary(summary)
 
 
@@ -101,22 +103,19 @@ def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or g
           actors: int = 2, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
           cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit (see generate)"),
           audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
-          image_format: str = IMAGE_FORMAT, quality: int = QUALITY, output_format: str = FORMAT):
+          image_format: str = IMAGE_FORMAT, quality: int = QUALITY, output_format: str = FORMAT,
+          dtype: str = DTYPE):
     """Serve the generation flow as a Prefect deployment on a cron schedule (runs until stopped)."""
-    from flows.audit import check_audit
-    from flows.pipeline import generate as flow
-    from flows.webdataset import check_format
+    from flows.pipeline import GenerateConfig, generate as flow
     spec = spec_of(decoder)
-    from workers.decode_worker import check_image_format
-    check_audit(audit, audit_tolerance)
-    check_image_format(image_format, quality)
-    check_format(output_format)
-    flow.serve(name=name, cron=cron, parameters={
-        "prompts": prompts, "out": out, "model": model or "reference", "decoder": str(spec), "shard_size": shard_size,
-        "batch_size": batch_size, "actors": actors, "cpus_per_actor": cpus_per_actor,
-        "gpus_per_actor": gpus_per_actor, "device_type": device_type, "cluster_limit": cluster_limit,
-        "audit": audit, "audit_tolerance": audit_tolerance, "image_format": image_format, "quality": quality,
-        "format": output_format, "progress": False})
+    params = {"prompts": prompts, "out": out, "model": model or "reference", "decoder": str(spec),
+              "shard_size": shard_size, "batch_size": batch_size, "actors": actors, "cpus_per_actor": cpus_per_actor,
+              "gpus_per_actor": gpus_per_actor, "device_type": device_type, "cluster_limit": cluster_limit,
+              "audit": audit, "audit_tolerance": audit_tolerance, "image_format": image_format, "quality": quality,
+              "format": output_format, "dtype": dtype}
+    # every setting checked now, as generate checks them, not at 2 a.m. when the first scheduled run starts
+    GenerateConfig(**(params | {"prompts": tuple(prompts), "decoder": spec})).validate()
+    flow.serve(name=name, cron=cron, parameters=params | {"progress": False})
 
 
 @app.command()

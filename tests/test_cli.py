@@ -37,6 +37,8 @@ def run(*args, timeout=300):
     (["generate", "--prompts", "x.parquet", "--image-format", "jpeg", "--quality", "0"], "--quality must be in"),
     (["generate", "--prompts", "x.parquet", "--format", "zip"], "--format must be one of parquet, webdataset"),
     (["status", "/nonexistent/run"], "no ssdgen run here"),
+    (["generate", "--prompts", "x.parquet", "--dtype", "fp16"], "--dtype fp16 is not supported on the CPU"),
+    (["serve", "--prompts", "x.parquet", "--out", "o", "--dtype", "fp8"], "--dtype must be one of"),
     (["export", "/nonexistent/run", "--to", "x"], "no ssdgen run here"),
     (["train-heads", "--kind", "latent,pixel"], "--kind must be latent, token or latent,token"),
 ])

@@ -14,7 +14,16 @@ from models.hf import (ChameleonAdapter, Emu3Adapter, HashPromptEncoder, JanusAd
                                   load_model)
 from decoders.sampling import SamplingConfig  # noqa: E402
 
-torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One summation order for these exact-equality tests; restored after, so other modules keep theirs."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 
 PROMPTS = ["a red circle on gray", "a small blue square at the top left", "green triangle",
            "a dotted yellow diamond on a striped brown background"]

@@ -4,6 +4,7 @@ services, no Ray, no images."""
 
 import inspect
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,9 @@ def test_prefect_entrypoint_loads_and_parameters_match_the_flow_signature(monkey
     assert set(sig.parameters) <= set(inspect.signature(GenerateConfig).parameters) | {"progress"}
     required = {n for n, p in sig.parameters.items() if p.default is inspect.Parameter.empty}
     monkeypatch.chdir(ROOT)  # deployments load the entrypoint relative to the repository root
+    # Prefect puts the entrypoint's folder (flows/) on sys.path: undo it, or later tests would import
+    # flows/*.py as top-level modules
+    monkeypatch.setattr(sys, "path", list(sys.path))
     for dep in _deployments():
         loaded = load_flow_from_entrypoint(dep["entrypoint"])
         assert loaded.name == generate.name

@@ -41,6 +41,19 @@ def test_fp16_on_the_cpu_and_unknown_names_are_refused_in_one_line():
         resolve_dtype("fp64", "cpu")
 
 
+def test_the_flow_checks_records_and_hands_its_dtype_to_the_actors():
+    from flows.inputs import InputFile
+    from flows.pipeline import GenerateConfig
+    with pytest.raises(ValueError, match="fp16 is not supported on the CPU"):
+        GenerateConfig(prompts=("x",), dtype="fp16").validate()
+    GenerateConfig(prompts=("x",), dtype="fp16", gpus_per_actor=1, device_type="l4").validate()
+    files = [InputFile("file:///x.parquet", 3, (3,), 100, True, False)]
+    base = GenerateConfig(prompts=("x",)).recorded(files)
+    assert "dtype" not in base  # a run from before --dtype resumes
+    bf = GenerateConfig(prompts=("x",), dtype="bf16")
+    assert bf.recorded(files) == base | {"dtype": "bf16"} and bf.worker_spec()["dtype"] == "bf16"
+
+
 @pytest.fixture(scope="module")
 def bf16(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny") / "t"

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from ssdgen.options import (CFG, DECODER, DEVICE, DTYPE, MODEL, SPEC_HELP, TOPK, friendly, model_of, model_on,
+from ssdgen.options import (CFG, DECODER, DEVICE, DTYPE, MODEL, SPEC_HELP, TOPK, friendly, model_on,
                             sampling_of, spec_of)
 
 app = typer.Typer()
@@ -134,7 +134,7 @@ def tokenizer_report(n: int = 1024, json_path: Optional[Path] = typer.Option(Non
                      model: Optional[str] = MODEL):
     """VQ reconstruction PSNR per background kind, and above/left token agreement on real renders."""
     from reference.tokenizer_report import tokenizer_report as run
-    res = run(model_of(model).vq, n)
+    res = run(model_on(model).vq, n)
     typer.echo(json.dumps(res, indent=1))
     if json_path:
         json_path.write_text(json.dumps(res, indent=1))
@@ -188,7 +188,7 @@ def figures(out: Path = typer.Option(Path("docs"), help="folder for the PNGs and
     from reference.figures import captioned_grid
     from reference.prompts import eval_prompts
     spec = spec_of(csd)
-    m = model_of(model)
+    m = model_on(model)  # on the CPU in fp32
     out.mkdir(parents=True, exist_ok=True)
     rows = eval_prompts(16)
     prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]

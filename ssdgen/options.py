@@ -87,11 +87,6 @@ def sampling_of(cfg: float, temperature: float, top_k: int, top_p: float):
     return SamplingConfig(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p)
 
 
-def model_of(model: Optional[str]):
-    """The model on the CPU in fp32 (commands without --device: figures, tokenizer-report)."""
-    return model_on(model)
-
-
 def spec_of(text: str):
     """The one place a decode spec is parsed (decoders/spec.py); errors name the spec and the key."""
     from decoders.spec import DecodeSpec

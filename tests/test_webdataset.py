@@ -140,7 +140,7 @@ def test_format_is_validated_and_recorded():
 
 
 @pytest.mark.usefixtures("prefect_server", "local_ray")
-def test_s3_run_in_both_formats_reads_without_project_code(s3, s3_endpoint, tmp_path):
+def test_s3_run_in_both_formats_reads_without_project_code(s3, s3_endpoint, tmp_path, monkeypatch):
     import datasets
     import pyarrow.fs
     import ray
@@ -173,6 +173,9 @@ def test_s3_run_in_both_formats_reads_without_project_code(s3, s3_endpoint, tmp_
     check([(r["json"]["prompt_id"], r["txt"], r["json"]["forwards"]) for r in got])
     assert all(r["webp"][:4] == b"RIFF" for r in got)  # Ray decodes json and txt; webp stays bytes
     # Hugging Face datasets: the images Parquet, its image column decoded to PIL images
+    # The Makefile sets HF_HUB_OFFLINE (no hub here), which `datasets` also applies to every remote URL, moto's
+    # S3 on 127.0.0.1 included; a user reading from their bucket has it unset.
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     opts = {"endpoint_url": s3_endpoint, "key": "testing-key-id", "secret": "testing-secret"}
     hf = datasets.load_dataset("parquet", data_files=[m["images_url"] for m in man], storage_options=opts,
                                cache_dir=str(tmp_path / "hf"))["train"]

@@ -19,7 +19,9 @@ Emu3: image code c is the vocab entry "<|visual token%06d|>"; logits are the lm_
   same forward also feeds the EOL after it, and the logits/hidden returned for that entry are the EOL's
   (they predict the next row's first token; the model's own prediction at the last column, the forced EOL,
   is never returned). Rolling back over a row end re-feeds its EOL with the token. The grid (H, W in tokens)
-  is a constructor argument (default 90 x 90, Emu3-Gen's 720 x 720 pixels).
+  is a constructor argument (default 90 x 90, Emu3-Gen's 720 x 720 pixels); `from_pretrained` takes `grid=`
+  or `image_area=` (pixels of a square image), else the checkpoint config's `image_area` (models/registry.py:
+  `emu3:/ckpt:grid=32x32`).
 Chameleon: image code c is the vocab entry "IMGIMG<c in letters A-J>Z"; logits are lm_head over those rows,
   computed from the model's hidden state, going around forward()'s masking of image tokens to -inf. Prompt
   [BOS] + prompt + <racm3:break>; unconditional row: `negative_prompt` (default empty). Grid defaults to
@@ -189,8 +191,29 @@ class _VocabImageAdapter(HFImageAdapter):
         return torch.nn.functional.linear(hidden, self._rows)
 
 
+EMU3_GRID = (90, 90)  # Emu3-Gen's 720 x 720 pixels: what transformers' Emu3Processor prompts for by default
+
+
+def emu3_grid(path, model, grid: tuple[int, int] | None = None, image_area: int | None = None) -> tuple[int, int]:
+    """The token grid of an Emu3 checkpoint: `grid` if given; else a square image of `image_area` pixels (given,
+    else the config's `image_area`, as the original Emu3 checkpoints state it) at the VQ's pixels per token,
+    rounded as Emu3's processor does (518400 -> 90 x 90 on Emu3-Gen); else EMU3_GRID."""
+    if grid is not None:
+        return int(grid[0]), int(grid[1])
+    area = _first(image_area, getattr(model.config, "image_area", None))
+    if area is None:
+        return EMU3_GRID
+    if isinstance(area, bool) or not isinstance(area, (int, float)) or area <= 0:
+        raise ValueError(f"{path}: image_area must be a positive number of pixels, got {area!r}")
+    f = model.model.vqmodel.vision_spatial_factor
+    side = round(area ** 0.5 / f)
+    if side < 1:
+        raise ValueError(f"{path}: image_area {area} is under one token ({f} x {f} pixels)")
+    return side, side
+
+
 class Emu3Adapter(_VocabImageAdapter):
-    def __init__(self, model, encoder, grid: tuple[int, int] = (90, 90), *, bos_id: int | None = None,
+    def __init__(self, model, encoder, grid: tuple[int, int] = EMU3_GRID, *, bos_id: int | None = None,
                  negative_prompt: str = "", name: str = "emu3", pixel_mean: float = 0.5, pixel_std: float = 0.5):
         tm, tc, vocab = model.model.text_model, model.config.text_config, model.config.vocabulary_map
         n_codes = model.config.vq_config.codebook_size
@@ -207,12 +230,15 @@ class Emu3Adapter(_VocabImageAdapter):
         self.pixel_mean, self.pixel_std = pixel_mean, pixel_std
 
     @classmethod
-    def from_pretrained(cls, path, encoder=None, dtype=torch.bfloat16, device="cpu", **kw):
+    def from_pretrained(cls, path, encoder=None, dtype=torch.bfloat16, device="cpu", grid=None, image_area=None,
+                        **kw):
+        """The grid from `grid`, `image_area` or the checkpoint (`emu3_grid`)."""
         from transformers import Emu3ForConditionalGeneration
         model = _load(Emu3ForConditionalGeneration, path, dtype, device)
         mean, std = pixel_stats(path)
         kw = {"name": f"emu3:{path}", "pixel_mean": mean, "pixel_std": std} | kw
-        return cls(model, encoder if encoder is not None else _tokenizer(path), **kw)
+        return cls(model, encoder if encoder is not None else _tokenizer(path),
+                   emu3_grid(path, model, grid, image_area), **kw)
 
     @torch.no_grad()
     def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -252,7 +278,8 @@ ADAPTERS = {"janus": JanusAdapter, "emu3": Emu3Adapter, "chameleon": ChameleonAd
 
 
 def load_model(spec: str, **kw) -> HFImageAdapter:
-    """'janus:/path', 'emu3:/path' or 'chameleon:/path' -> the adapter over that local checkpoint."""
+    """'janus:/path', 'emu3:/path' or 'chameleon:/path' -> the adapter over that local checkpoint; options as
+    keywords (grid=(32, 32)): `models.registry.load_model` parses them from a spec's `:grid=32x32`."""
     kind, sep, path = spec.partition(":")
     if kind not in ADAPTERS:
         raise ValueError(f"unknown model kind {kind!r} in {spec!r}; choose one of: {', '.join(ADAPTERS)} "

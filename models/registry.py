@@ -2,6 +2,12 @@
 architecture from a local checkpoint (`janus:/ckpt`, `emu3:/ckpt`, `chameleon:/ckpt`), on a device and in a
 precision (`--device`, `--dtype`).
 
+Spec options. A Hugging Face spec may end in `:key=value` options, parsed once into a `ModelSpec`:
+`emu3:/ckpt:grid=32x32` (the token grid, rows x cols) or `emu3:/ckpt:image_area=262144` (a square image of that
+many pixels, at the VQ's pixels per token: 512 x 512 -> 64 x 64 on Emu3-Gen); without either, Emu3 reads
+`image_area` from the checkpoint's config.json (as the original Emu3 checkpoints state it), else decodes 90 x 90
+tokens (Emu3-Gen's 720 x 720). `chameleon:` takes `grid=` (default 32 x 32); Janus's grid is fixed by its VQ.
+
 Precision. `dtype` is fp32, bf16, fp16 or auto. auto is fp32 on the CPU; on a GPU, bf16 for the Hugging Face
 checkpoints (the precision they are published in) and fp32 for the reference model (small: its forward is
 not what bf16 would speed up, and its quality figures are fp32's). fp16 on the CPU is refused: half-precision
@@ -13,8 +19,74 @@ The Ray actors load models here (workers/decode_worker.py); the CLI uses the sam
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 HF_KINDS = ("janus", "emu3", "chameleon")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
+OPTIONS = {"reference": (), "janus": (), "emu3": ("grid", "image_area"), "chameleon": ("grid",)}
+USAGE = "use reference[:/path], janus:/path, emu3:/path[:grid=RxC|:image_area=N] or chameleon:/path[:grid=RxC]"
+_OPTION = re.compile(r"[a-z_]+=")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed --model: kind (reference or a Hugging Face kind), checkpoint path (None: the bundled reference)
+    and the options (module doc). `options()` is what the adapter's from_pretrained takes as keywords."""
+    kind: str = "reference"
+    path: str | None = None
+    grid: tuple[int, int] | None = None
+    image_area: int | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> "ModelSpec":
+        """`kind[:path][:key=value]...` -> ModelSpec; a ValueError of one line naming the bad field."""
+        if text in (None, "", "reference"):
+            return cls()
+        kind, _, rest = text.strip().partition(":")
+        if kind not in OPTIONS:
+            raise ValueError(f"unknown model {text!r}; {USAGE}")
+        pieces = rest.split(":")
+        n = len(pieces)
+        while n > 1 and _OPTION.match(pieces[n - 1]):  # trailing key=value pieces; the path may hold ':'
+            n -= 1
+        path, opts = ":".join(pieces[:n]), {}
+        if _OPTION.match(path):
+            raise ValueError(f"model spec {text!r} has no checkpoint path before its options; write "
+                             f"{kind}:/path/to/checkpoint:key=value")
+        for kv in pieces[n:]:
+            k, v = kv.split("=", 1)
+            if k not in OPTIONS[kind]:
+                takes = f"takes {', '.join(OPTIONS[kind])}" if OPTIONS[kind] else "takes no options"
+                raise ValueError(f"model spec {text!r}: unknown option {k!r}; {kind} {takes}")
+            if k in opts:
+                raise ValueError(f"model spec {text!r}: {k!r} given twice")
+            opts[k] = _grid(v, text) if k == "grid" else _positive(k, v, text)
+        if len(opts) > 1:
+            raise ValueError(f"model spec {text!r}: give grid or image_area, not both")
+        if kind != "reference" and not path:
+            raise ValueError(f"model spec {text!r} has no checkpoint path; write {kind}:/path/to/checkpoint")
+        return cls(kind, path or None, **opts)
+
+    def options(self) -> dict:
+        return {k: v for k, v in (("grid", self.grid), ("image_area", self.image_area)) if v is not None}
+
+    def __str__(self) -> str:
+        opts = "".join(f":{k}={'x'.join(map(str, v)) if k == 'grid' else v}" for k, v in self.options().items())
+        return self.kind + (f":{self.path}" if self.path else "") + opts
+
+
+def _positive(key: str, v: str, text: str) -> int:
+    if not v.strip().isdecimal() or int(v) < 1:
+        raise ValueError(f"model spec {text!r}: {key} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def _grid(v: str, text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", v)
+    if not m or min(int(m[1]), int(m[2])) < 1:
+        raise ValueError(f"model spec {text!r}: grid must be ROWSxCOLS in tokens, e.g. grid=32x32, got {v!r}")
+    return int(m[1]), int(m[2])
 
 
 def check_dtype(name: str, on_gpu: bool) -> None:
@@ -41,23 +113,19 @@ def resolve_dtype(name: str, device: str, hf: bool = False):
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def load_model(spec: str | None, device: str = "cpu", dtype: str = "auto"):
+def load_model(spec: str | ModelSpec | None, device: str = "cpu", dtype: str = "auto"):
     """The model a spec names, its weights on `device` in `dtype` (see the module doc)."""
-    from models.reference import ReferenceModel
-    hf = spec not in (None, "") and spec.split(":", 1)[0] in HF_KINDS
+    ms = spec if isinstance(spec, ModelSpec) else ModelSpec.parse(spec)
+    hf = ms.kind in HF_KINDS
     torch_dtype = resolve_dtype(dtype, device, hf)
-    if spec in (None, "", "reference"):
-        return ReferenceModel(device=device, dtype=torch_dtype)
-    if spec.startswith("reference:"):
-        return ReferenceModel(spec.split(":", 1)[1], device=device, dtype=torch_dtype)
-    if hf:
-        from models.hf import load_model as load_hf
-        return load_hf(spec, device=device, dtype=torch_dtype)
-    raise ValueError(f"unknown model {spec!r}; use reference[:/path], janus:/path, emu3:/path or chameleon:/path")
+    if not hf:
+        from models.reference import ReferenceModel
+        return ReferenceModel(ms.path, device=device, dtype=torch_dtype)
+    from models.hf import ADAPTERS
+    return ADAPTERS[ms.kind].from_pretrained(ms.path, device=device, dtype=torch_dtype, **ms.options())
 
 
 def check_model_spec(spec: str | None) -> None:
-    """Reject a malformed spec before any actor starts (the path itself is checked where it loads)."""
-    if spec in (None, "", "reference") or spec.startswith("reference:") or spec.split(":", 1)[0] in HF_KINDS:
-        return
-    raise ValueError(f"unknown model {spec!r}; use reference[:/path], janus:/path, emu3:/path or chameleon:/path")
+    """Reject a malformed spec, naming the bad field, before any actor starts (the path itself is checked
+    where it loads)."""
+    ModelSpec.parse(spec)

@@ -103,8 +103,8 @@ SPEC_HELP = ("decode spec: family[:key=value]..., family one of ar, sjd, csd, ss
 DECODER = typer.Option("ar", "--decoder", help=SPEC_HELP)
 CFG = typer.Option(3.0, "--cfg", help="classifier-free guidance scale (1 = off)")
 TOPK = typer.Option(0, "--top-k", help="keep the k most likely tokens (0 = off)")
-MODEL = typer.Option(None, help="model: reference (default), reference:/bundle, janus:/ckpt, emu3:/ckpt, "
-                                 "chameleon:/ckpt")
+MODEL = typer.Option(None, help="model: reference (default), reference:/bundle, janus:/ckpt, "
+                                 "emu3:/ckpt[:grid=RxC|:image_area=N], chameleon:/ckpt[:grid=RxC]")
 AUDIT = typer.Option(0.0, "--audit", metavar="FRACTION",
                      help="also decode this fraction of the prompts (chosen by prompt_id) with ar and report the "
                           "NLL gap to it in summary.json; 0 = no audit")

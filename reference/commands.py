@@ -155,8 +155,8 @@ def eval_cmd(decoder: str = DECODER, n: int = 1024, batch_size: int = 64, seed: 
     res = evaluate(model_on(model, device, dtype), spec, n, batch_size, seed)
     rep = res["scorer"]
     typer.echo(f"model {res['model']}  decoder {spec}  n {res['n']}  batch {batch_size}  seed {seed}")
-    for k in ("scene_accuracy", "object_accuracy", "fd", "fd_real_heldout", "forwards_per_image",
-              "seconds_per_image"):
+    for k in ("scene_accuracy", "object_accuracy", "fd", "fd_real_heldout", "fd_tokenizer_floor",
+              "forwards_per_image", "seconds_per_image"):
         typer.echo(f"  {k:<22} {res[k]:.4f}")
     for k, v in rep["attributes"].items():
         typer.echo(f"  attribute {k:<12} {v:.4f}")
@@ -167,7 +167,7 @@ def eval_cmd(decoder: str = DECODER, n: int = 1024, batch_size: int = 64, seed: 
     if json_path:
         keys = ("model", "decoder", "spec", "n", "batch_size", "seed", "scene_accuracy", "object_accuracy", "fd",
                 "forwards_per_image", "seconds_per_image")
-        out = {k: res[k] for k in keys} | {"fd_real_heldout": res["fd_real_heldout"], "details": res}
+        out = {k: res[k] for k in keys + ("fd_real_heldout", "fd_tokenizer_floor")} | {"details": res}
         json_path.write_text(json.dumps(out, indent=1))
         typer.echo(f"wrote {json_path}")
 

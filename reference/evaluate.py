@@ -2,7 +2,8 @@
 
 "Real" images for FD are renders of the same eval captions, with jitter and textures drawn from each
 prompt's seed; a second set of renders with other seeds gives the FD that real images themselves reach
-(the noise floor), reported beside the model's.
+(the noise floor), reported beside the model's. The held-out renders passed through the model's own VQ-VAE
+give the FD that any transformer on these tokens can reach at best (the tokenizer's floor).
 """
 
 from __future__ import annotations
@@ -62,11 +63,14 @@ def evaluate(model, spec: DecodeSpec = DecodeSpec(), n: int = 1024, batch_size: 
     f_real = predict(net, real)["features"]
     fd = frechet_distance(predict(net, images)["features"], f_real)
     fd_floor = frechet_distance(predict(net, held_out)["features"], f_real)
+    recon = torch.cat([model.vq.decode(model.vq.encode(torch.from_numpy(held_out[i:i + batch_size]).to(model.device)))
+                       for i in range(0, len(held_out), batch_size)]).cpu().numpy()
+    fd_tokenizer = frechet_distance(predict(net, recon)["features"], f_real)
     return {
         "model": model.name, "decoder": spec.label, "spec": str(spec), "params": dict(spec.params), "n": len(prompts),
         "batch_size": batch_size, "seed": seed, "sampling": spec.sampling.__dict__,
         "scene_accuracy": report["scene_accuracy"], "object_accuracy": report["object_accuracy"],
-        "fd": fd, "fd_real_heldout": fd_floor,
+        "fd": fd, "fd_real_heldout": fd_floor, "fd_tokenizer_floor": fd_tokenizer,
         "forwards_per_image": float(np.mean([s.forwards for s in stats])),
         "seconds_per_image": seconds / len(prompts),
         "threads": torch.get_num_threads(),

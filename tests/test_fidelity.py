@@ -79,3 +79,15 @@ def test_lossless_indistinguishable_and_a_planted_lossy_setting_caught(tiny):
     for r in rows.values():
         lo, hi = r["nll_gap_ci"]
         assert lo <= r["nll_gap"] <= hi and len(r["nll_gap_ci99"]) == 2 and r["fd_to_ar"] is None
+
+
+def test_a_calibrated_spec_is_measured_with_its_cap_off():
+    """At a batch size where the device cap falls back to AR, a calibrated spec would measure as AR (exact);
+    fidelity decodes it uncapped instead, and leaves every other spec as it is."""
+    from bench.fidelity import uncapped
+    from decoders.spec import DecodeSpec
+    spec = DecodeSpec.parse("ssd+csd:lam=1")
+    assert spec.config().calibrated and not uncapped(spec).config().calibrated
+    assert uncapped(spec).config().relax == spec.config().relax and uncapped(spec).sampling == spec.sampling
+    for text in ("csd", "ssd:lossless=true", "ssd+csd:calibrated=false:token_budget=8", "ar"):
+        assert uncapped(DecodeSpec.parse(text)) == DecodeSpec.parse(text)

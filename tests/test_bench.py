@@ -173,7 +173,7 @@ def test_projection_per_image_time_kv_cap_and_cost():
 def test_projection_reads_an_older_bench_json_and_calibrates():
     from bench.projection import decoder_stats, project
     from bench.projection_check import calibrate
-    bench = json.loads((ROOT / "docs/results/bench_batch1.json").read_text())
+    bench = json.loads((ROOT / "tests/data/bench_v1_batch1.json").read_text())
     st = {s.decoder: s for s in decoder_stats(bench)}
     assert st["ar"].tokens_fed_per_forward == 1 and st["csd:window=16"].tokens_fed_per_forward == 16
     assert "tokens_fed_per_forward" in st["csd:window=16"].derived and not st["ar"].derived
@@ -186,8 +186,8 @@ def test_projection_reads_an_older_bench_json_and_calibrates():
     assert len(cal["rows"]) == 3 and all(math.isfinite(r["error_pct"]) for r in cal["rows"])
     # several measured files (an eval JSON counts as a one-row bench); two constants fitted, the rest held out
     from bench.projection_check import calibrate_fitted, merge_benches
-    merged = merge_benches([str(ROOT / "docs/results" / f) for f in ("bench_batch1.json", "eval_csd.json")])
-    assert [r["source"] for r in merged["rows"]] == ["bench_batch1.json"] * 3 + ["eval_csd.json"]
+    merged = merge_benches([str(ROOT / "tests/data" / f) for f in ("bench_v1_batch1.json", "eval_csd_v1.json")])
+    assert [r["source"] for r in merged["rows"]] == ["bench_v1_batch1.json"] * 3 + ["eval_csd_v1.json"]
     fit = calibrate_fitted(merged, cpu)
     errs = {(r["decoder"], r["batch_size"]): r["error_pct"] for r in fit["rows"]}
     assert abs(errs[("ar", 1)]) < 1 and abs(errs[("csd:window=16", 64)]) < 1  # the two fitted rows
@@ -196,7 +196,7 @@ def test_projection_reads_an_older_bench_json_and_calibrates():
 
 @pytest.mark.integration
 def test_projection_cli_and_bad_arguments(tmp_path):
-    r = cli("projection", "--bench-json", "docs/results/bench_batch1.json", "--accelerators", "h200",
+    r = cli("projection", "--bench-json", "tests/data/bench_v1_batch1.json", "--accelerators", "h200",
             "--models", "1b@24", "--batch-sizes", "1,4", "--json", str(tmp_path / "p.json"), "--html",
             str(tmp_path / "p.html"))
     assert r.returncode == 0, r.stderr
@@ -204,7 +204,7 @@ def test_projection_cli_and_bad_arguments(tmp_path):
     _no_external_urls((tmp_path / "p.html").read_text())
     for args, msg in ((["--accelerators", "tpu"], "unknown accelerator"), (["--models", "3b@24"], "SIZE@GRID"),
                       (["--batch-sizes", "0"], ">= 1")):
-        r = cli("projection", "--bench-json", "docs/results/bench_batch1.json", *args)
+        r = cli("projection", "--bench-json", "tests/data/bench_v1_batch1.json", *args)
         assert r.returncode == 2 and msg in r.stderr, r.stderr
 
 

@@ -257,4 +257,6 @@ def _add_fidelity(model, decs, rows, n, batch, seed, tolerance, log) -> dict | N
         f = by_label.get(row["decoder"])
         if f is not None:
             row.update({k: f[k] for k in FIDELITY_COLS} | {"fidelity_n": n})
+            if "scene_accuracy" in f and "quality_n" not in row:  # the scorer's verdict on the same samples
+                row.update(scene_accuracy=f["scene_accuracy"], object_accuracy=f["object_accuracy"], quality_n=n)
     return fid.get("samples")

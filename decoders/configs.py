@@ -106,9 +106,9 @@ class SSDConfig:
         if self.lossless and self.relax.active:
             raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0); commit=prefix with lam > 0 "
                              "relaxes the prefix engine")
-        if self.prefix_engine and (self.adaptive or self.calibrated):
+        if self.prefix_engine and (self.adaptive or self.token_budget):
             raise ValueError("the prefix engine (lossless or commit=prefix) slides a fixed window of `rows` rows: "
-                             "adaptive and calibrated are not supported (set them false)")
+                             "adaptive and token_budget are not supported (set adaptive=false, token_budget=0)")
         if self.calibrated and self.token_budget:
             raise ValueError("calibrated and token_budget both cap the rows: set one (token_budget=0 with "
                              "calibrated=true, or calibrated=false with a budget)")
@@ -118,11 +118,16 @@ class SSDConfig:
         return self.lossless or self.commit == "prefix"
 
 
-CSD_DEFAULTS = {"lam": 2.0, "delta": 0.9}  # tuned for forwards on 32 eval prompts, see docs/benchmarks.md
-# ssd+csd is the adaptive decoder: block sizes follow content, and their cap follows the device: the rows
-# that maximise expected committed tokens per second on the forward-cost curve the model's device shows at
-# this batch size (decoders/cost_curve.py), with plain AR when that is faster (reported in the stats).
-SSD_CSD_DEFAULTS = {"adaptive": True, "max_rows": 4, "calibrated": True}
+# The lossy defaults, chosen on the speed x fidelity frontier of the reference model v2 (docs/benchmarks.md):
+# the fewest forwards whose NLL gap to AR stays within 0.15 nats/token (upper end of the 95% interval),
+# `ssdgen fidelity` on 64 eval prompts (docs/results/tune_fidelity_v2_sweep*.json), confirmed on 256 by the bench.
+CSD_DEFAULTS = {"lam": 2.0, "delta": 0.7}
+# csd: SJD's coupled Jacobi drafts over a 33-token window, which CSD's relaxation then judges
+CSD_SJD_DEFAULTS = {"coupled": True, "window": 33}
+# ssd+csd: the prefix engine (commit only the verified prefix, carry the rest in a sliding 2-row window), which
+# stays within tolerance where committing whole blocks after r rounds does not (+1.1 nats/token at lam 1); the
+# device's cost curve decides per batch whether the window pays or plain AR is faster (reported in the stats).
+SSD_CSD_DEFAULTS = {"commit": "prefix", "adaptive": False, "calibrated": True}
 _RELAX = {f.name for f in fields(Relaxation)}
 _SJD = {f.name for f in fields(SJDConfig)} - {"relax"}
 _SSD = {f.name for f in fields(SSDConfig)} - {"relax"}
@@ -140,7 +145,8 @@ class Family:
 FAMILIES = {
     "ar": Family("ar", frozenset()),
     "sjd": Family("sjd", frozenset(_SJD)),
-    "csd": Family("sjd", frozenset(_SJD | _RELAX), relaxed=True, defaults=tuple(CSD_DEFAULTS.items())),
+    "csd": Family("sjd", frozenset(_SJD | _RELAX), relaxed=True,
+                  defaults=tuple((CSD_DEFAULTS | CSD_SJD_DEFAULTS).items())),
     "ssd": Family("ssd", frozenset(_SSD)),
     "ssd+csd": Family("ssd", frozenset(_SSD | _RELAX), relaxed=True,
                       defaults=tuple((CSD_DEFAULTS | SSD_CSD_DEFAULTS).items())),

@@ -13,6 +13,14 @@ machine to machine, so `measure_cost_curve` times real forwards at start-up (a f
 where t(s) is the measured time of one forward feeding s tokens to each of the batch's rows, and
 forwards_per_block the running mean of forwards a block took (1 when every draft is kept, up to
 rounds + 1). r = 0 means plain AR is faster on this device at this batch size.
+
+The prefix engine (lossless SSD, `commit=prefix`) slides a window of L = rows x W + 1 tokens and commits a
+verified prefix per forward, so `speculate_window` only decides whether that window pays:
+
+    window:    tokens_per_forward / t(L)          plain AR:  1 / t(1)
+
+with tokens_per_forward the running mean of tokens it committed per forward (before any history, a prior of
+1 + L / 8: lossless SSD on the reference model commits 4.8 per forward with a 33-token window).
 """
 
 from __future__ import annotations
@@ -51,6 +59,18 @@ def best_rows(curve: CostCurve, W: int, max_rows: int, forwards_per_block: float
         rates[r] = r * W / (max(1.0, forwards_per_block) * curve.time(r * W))
     best = max(rates, key=lambda r: (rates[r], -r))  # ties go to fewer rows: less work for the same speed
     return best, {str(r): v for r, v in rates.items()}
+
+
+def window_prior(L: int) -> float:
+    """Committed tokens per forward expected of an L-token window before any history (module doc)."""
+    return 1.0 + L / 8
+
+
+def speculate_window(curve: CostCurve, L: int, tokens_per_forward: float) -> tuple[bool, dict]:
+    """(whether the prefix engine's L-token window beats plain AR; the expected committed tokens per second of
+    both: "0" plain AR, "window")."""
+    rates = {"0": 1.0 / curve.time(1), "window": tokens_per_forward / curve.time(L)}
+    return rates["window"] > rates["0"], rates  # a tie goes to AR: less work for the same speed
 
 
 def _sync(device: torch.device) -> None:

@@ -22,7 +22,8 @@ this engine without CSD's relaxation; with it, CSD's TV-filtered relaxation appl
 engine over a sliding window of `rows` rows, whose tail is topped up with the heads' 2D drafts and whose
 other positions carry Gumbel-coupled Jacobi updates (sjd.py): what a block verifies but cannot yet commit
 is kept for the next forward instead of being drafted again. `rounds`, `adaptive` and the token budget
-belong to the block decoder and do not apply.
+belong to the block decoder and do not apply; `calibrated` decodes a batch as plain AR where the device's
+cost curve says the window does not pay (cost_curve.speculate_window).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 from . import rng
 from .ar import decode_ar, prefill
 from .configs import SSDConfig
-from .cost_curve import best_rows, cost_curve_for
+from .cost_curve import best_rows, cost_curve_for, speculate_window, window_prior
 from .drafters import Drafter, HeadsDrafter
 from .protocol import ImageTokenModel, check_request
 from .sampling import SamplingConfig, model_device, processed_probs, sample_from
@@ -84,17 +85,44 @@ class AdaptivePolicy:
 
 
 def _decode_prefix(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> DecodeResult:
-    """Lossless SSD / commit=prefix: the SJD engine over a window of `rows` rows, topped up by the heads."""
+    """Lossless SSD / commit=prefix: the SJD engine over a window of `rows` rows, topped up by the heads; with
+    `calibrated`, plain AR where the device's cost curve says the window does not pay (cost_curve.py)."""
     W = model.grid[1]
     window = min(64, cfg.rows * W + 1)  # the last committed token + `rows` rows of drafts
-    N = model.grid[0] * W
-    drafter = HeadsDrafter(model, heads, sc, cfg.two_d, len(prompts), N + window + 2)
-    res = decode_sjd(model, prompts, seeds, sc, SJDConfig(window=window, coupled=True, relax=cfg.relax),
-                     drafter=drafter)
+    speculate, plan = _plan_window(model, prompts, sc, cfg, window)
+    if speculate:
+        N = model.grid[0] * W
+        drafter = HeadsDrafter(model, heads, sc, cfg.two_d, len(prompts), N + window + 2)
+        res = decode_sjd(model, prompts, seeds, sc, SJDConfig(window=window, coupled=True, relax=cfg.relax),
+                         drafter=drafter)
+        _note_tokens_per_forward(model, window, res.stats, N)
+    else:
+        res = decode_ar(model, prompts, seeds, sc)  # exact, and faster here than the window
     for st in res.stats:
-        st.extra |= {"rows": cfg.rows, "lossless": not cfg.relax.active, "commit": "prefix", "two_d": cfg.two_d,
-                     "block_sizes": [], "rounds_per_block": [], "lam": cfg.relax.lam, "delta": cfg.relax.delta}
+        st.extra |= {"rows": cfg.rows if speculate else 0, "lossless": not cfg.relax.active, "commit": "prefix",
+                    "two_d": cfg.two_d, "block_sizes": [], "rounds_per_block": [], "lam": cfg.relax.lam,
+                    "delta": cfg.relax.delta} | plan
     return res
+
+
+def _plan_window(model, prompts, sc: SamplingConfig, cfg: SSDConfig, window: int) -> tuple[bool, dict]:
+    """(whether the prefix engine speculates on this batch; what decided it, for the statistics)."""
+    if not cfg.calibrated:
+        return True, {}
+    curve = cost_curve_for(model, prompts, sc.uses_cfg, window)
+    tpf = model.__dict__.get("_prefix_tokens_per_forward", {}).get(window, window_prior(window))
+    speculate, rates = speculate_window(curve, window, tpf)
+    policy = "cost curve" if speculate else "ar: plain AR is faster on this device at this batch size"
+    return speculate, {"policy": policy, "rows_cap": cfg.rows if speculate else 0,
+                       "tokens_per_forward_estimate": tpf, "expected_tokens_per_s": rates,
+                       "cost_curve": curve.to_dict()}
+
+
+def _note_tokens_per_forward(model, window: int, stats, N: int) -> None:
+    """The running mean of tokens committed per forward with this window, which the next batch plans with."""
+    new = float(np.mean([N / max(1, st.forwards) for st in stats]))
+    seen = model.__dict__.setdefault("_prefix_tokens_per_forward", {})
+    seen[window] = new if window not in seen else 0.7 * seen[window] + 0.3 * new
 
 
 @torch.no_grad()

@@ -11,12 +11,16 @@ from pathlib import Path
 import torch
 
 GOLDEN = Path(__file__).parent / "data" / "engine_golden.json"
+# The csd and ssd+csd defaults changed after recording (decoders/configs.py); the old ones are spelled out
+OLD_CSD = {"lam": 2.0, "delta": 0.9, "coupled": False}
+OLD_SSD_CSD = {"lam": 2.0, "delta": 0.9, "commit": "block", "adaptive": True, "max_rows": 4}
 RUNS = [("ar", {}), ("sjd", {"window": 6}), ("sjd", {"window": 6, "coupled": True, "init": "repeat-above"}),
-        ("sjd", {"window": 4, "init": "repeat-left"}), ("csd", {"window": 6}),
-        ("csd", {"window": 6, "entropy_norm": "vocab", "lam": 1.0, "delta": 0.5}),
+        ("sjd", {"window": 4, "init": "repeat-left"}), ("csd", OLD_CSD | {"window": 6}),
+        ("csd", {"window": 6, "entropy_norm": "vocab", "lam": 1.0, "delta": 0.5, "coupled": False}),
         ("ssd", {"rows": 2, "rounds": 1}), ("ssd", {"lossless": True, "rows": 2}),
         ("ssd", {"commit": "prefix", "rows": 1}), ("ssd", {"rows": 2, "rounds": 2, "two_d": False}),
-        ("ssd+csd", {"calibrated": False}), ("ssd+csd", {"calibrated": False, "token_budget": 8}),
+        ("ssd+csd", OLD_SSD_CSD | {"calibrated": False}),
+        ("ssd+csd", OLD_SSD_CSD | {"calibrated": False, "token_budget": 8}),
         ("ssd+csd", {"commit": "prefix", "adaptive": False, "calibrated": False, "rows": 2, "lam": 1.0,
                      "delta": 0.3})]
 

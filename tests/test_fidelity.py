@@ -86,8 +86,8 @@ def test_a_calibrated_spec_is_measured_with_its_cap_off():
     fidelity decodes it uncapped instead, and leaves every other spec as it is."""
     from bench.fidelity import uncapped
     from decoders.spec import DecodeSpec
-    spec = DecodeSpec.parse("ssd+csd:lam=1")
+    spec = DecodeSpec.parse("ssd+csd:lam=1")  # the prefix engine, calibrated by default
     assert spec.config().calibrated and not uncapped(spec).config().calibrated
     assert uncapped(spec).config().relax == spec.config().relax and uncapped(spec).sampling == spec.sampling
-    for text in ("csd", "ssd:lossless=true", "ssd+csd:calibrated=false:token_budget=8", "ar"):
+    for text in ("csd", "ssd:lossless=true", "ssd+csd:commit=block:adaptive=true:calibrated=false:token_budget=8", "ar"):
         assert uncapped(DecodeSpec.parse(text)) == DecodeSpec.parse(text)

@@ -18,7 +18,7 @@ def test_parse_canonical_text_and_round_trips():
     assert DecodeSpec.parse(str(s)) == s == DecodeSpec.from_dict(s.to_dict())
     assert s.label == "ssd+csd:calibrated=false:rows=2:token_budget=0"
     cfg = s.config()  # the family's defaults fill in the rest
-    assert cfg.rows == 2 and cfg.adaptive and cfg.relax.lam == 2.0
+    assert cfg.rows == 2 and cfg.commit == "prefix" and not cfg.adaptive and cfg.relax.lam == 2.0
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

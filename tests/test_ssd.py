@@ -68,7 +68,8 @@ def test_lossy_ssd_stats(tiny):
 
 def test_token_budget_shrinks_blocks_and_falls_back_to_ar_when_the_batch_fills_it(tiny):
     W = tiny.grid[1]
-    params = {"rows": 2, "max_rows": 3, "rounds": 1, "adaptive": True, "token_budget": 4 * W, "calibrated": False}
+    params = {"rows": 2, "max_rows": 3, "rounds": 1, "adaptive": True, "token_budget": 4 * W, "calibrated": False,
+              "commit": "block"}
     one = decode("ssd+csd", tiny, PROMPTS[:1], [0], SAMPLED, params)  # 4 rows fit, capped at max_rows
     assert W < max(one.stats[0].extra["block_sizes"]) <= 3 * W  # block sizes are in tokens
     four = decode("ssd+csd", tiny, PROMPTS[:4], [0, 1, 2, 3], SAMPLED, params)  # one row each

@@ -20,7 +20,11 @@ verified prefix per forward, so `speculate_window` only decides whether that win
     window:    tokens_per_forward / t(L)          plain AR:  1 / t(1)
 
 with tokens_per_forward the running mean of tokens it committed per forward (before any history, a prior of
-1 + L / 8: lossless SSD on the reference model commits 4.8 per forward with a 33-token window).
+1 + L / 8: lossless SSD on the reference model commits 4.8 per forward with a 33-token window). The curve
+times the model's forwards only, not the drafting and verification around them, which on a CPU at batch 4
+made the window lose to AR although the curve said it would win. So once a batch of this size has decoded
+either way, its measured committed tokens per second (wall clock, everything included) replace that
+choice's estimate.
 """
 
 from __future__ import annotations
@@ -66,10 +70,11 @@ def window_prior(L: int) -> float:
     return 1.0 + L / 8
 
 
-def speculate_window(curve: CostCurve, L: int, tokens_per_forward: float) -> tuple[bool, dict]:
-    """(whether the prefix engine's L-token window beats plain AR; the expected committed tokens per second of
-    both: "0" plain AR, "window")."""
-    rates = {"0": 1.0 / curve.time(1), "window": tokens_per_forward / curve.time(L)}
+def speculate_window(curve: CostCurve, L: int, tokens_per_forward: float,
+                     measured: dict | None = None) -> tuple[bool, dict]:
+    """(whether the prefix engine's L-token window beats plain AR; the committed tokens per second per sample
+    expected of both, "0" plain AR and "window": measured where `measured` has them, else from the curve)."""
+    rates = {"0": 1.0 / curve.time(1), "window": tokens_per_forward / curve.time(L)} | (measured or {})
     return rates["window"] > rates["0"], rates  # a tie goes to AR: less work for the same speed
 
 

@@ -86,22 +86,23 @@ class AdaptivePolicy:
 
 def _decode_prefix(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> DecodeResult:
     """Lossless SSD / commit=prefix: the SJD engine over a window of `rows` rows, topped up by the heads; with
-    `calibrated`, plain AR where the device's cost curve says the window does not pay (cost_curve.py)."""
-    W = model.grid[1]
+    `calibrated`, plain AR where the device says the window does not pay (cost_curve.py)."""
+    W, N = model.grid[1], model.grid[0] * model.grid[1]
     window = min(64, cfg.rows * W + 1)  # the last committed token + `rows` rows of drafts
     speculate, plan = _plan_window(model, prompts, sc, cfg, window)
+    t0 = time.perf_counter()
     if speculate:
-        N = model.grid[0] * W
         drafter = HeadsDrafter(model, heads, sc, cfg.two_d, len(prompts), N + window + 2)
         res = decode_sjd(model, prompts, seeds, sc, SJDConfig(window=window, coupled=True, relax=cfg.relax),
                          drafter=drafter)
-        _note_tokens_per_forward(model, window, res.stats, N)
     else:
         res = decode_ar(model, prompts, seeds, sc)  # exact, and faster here than the window
+    if cfg.calibrated:
+        _note_prefix_run(model, window, len(prompts), speculate, res.stats, N, time.perf_counter() - t0)
     for st in res.stats:
         st.extra |= {"rows": cfg.rows if speculate else 0, "lossless": not cfg.relax.active, "commit": "prefix",
-                    "two_d": cfg.two_d, "block_sizes": [], "rounds_per_block": [], "lam": cfg.relax.lam,
-                    "delta": cfg.relax.delta} | plan
+                     "two_d": cfg.two_d, "block_sizes": [], "rounds_per_block": [], "lam": cfg.relax.lam,
+                     "delta": cfg.relax.delta} | plan
     return res
 
 
@@ -111,18 +112,25 @@ def _plan_window(model, prompts, sc: SamplingConfig, cfg: SSDConfig, window: int
         return True, {}
     curve = cost_curve_for(model, prompts, sc.uses_cfg, window)
     tpf = model.__dict__.get("_prefix_tokens_per_forward", {}).get(window, window_prior(window))
-    speculate, rates = speculate_window(curve, window, tpf)
+    measured = model.__dict__.get("_prefix_rates", {}).get((len(prompts), window), {})
+    speculate, rates = speculate_window(curve, window, tpf, measured)
     policy = "cost curve" if speculate else "ar: plain AR is faster on this device at this batch size"
     return speculate, {"policy": policy, "rows_cap": cfg.rows if speculate else 0,
                        "tokens_per_forward_estimate": tpf, "expected_tokens_per_s": rates,
-                       "cost_curve": curve.to_dict()}
+                       "measured_rates": sorted(measured), "cost_curve": curve.to_dict()}
 
 
-def _note_tokens_per_forward(model, window: int, stats, N: int) -> None:
-    """The running mean of tokens committed per forward with this window, which the next batch plans with."""
-    new = float(np.mean([N / max(1, st.forwards) for st in stats]))
-    seen = model.__dict__.setdefault("_prefix_tokens_per_forward", {})
-    seen[window] = new if window not in seen else 0.7 * seen[window] + 0.3 * new
+def _note_prefix_run(model, window: int, batch: int, speculated: bool, stats, N: int, seconds: float) -> None:
+    """What the next batch plans with (kept on the model object, so an actor learns once): the running mean of
+    tokens committed per forward with this window, and the committed tokens per second per sample that this
+    batch size measured, wall clock, for the choice it made ("window", or "0" for plain AR)."""
+    def ema(d: dict, key, new: float) -> None:
+        d[key] = new if key not in d else 0.7 * d[key] + 0.3 * new
+    if speculated:
+        ema(model.__dict__.setdefault("_prefix_tokens_per_forward", {}), window,
+            float(np.mean([N / max(1, st.forwards) for st in stats])))
+    ema(model.__dict__.setdefault("_prefix_rates", {}).setdefault((batch, window), {}),
+        "window" if speculated else "0", N / seconds)
 
 
 @torch.no_grad()

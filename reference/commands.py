@@ -176,7 +176,7 @@ def eval_cmd(decoder: str = DECODER, n: int = 1024, batch_size: int = 64, seed: 
 @friendly
 def figures(out: Path = typer.Option(Path("docs"), help="folder for the PNGs and JSON"), seed: int = 0,
             model: Optional[str] = MODEL, n: int = typer.Option(256, help="eval prompts for CSD"),
-            csd: str = typer.Option("csd:window=16", help="the CSD decode spec whose commit maps to show; "
+            csd: str = typer.Option("csd", help="the CSD decode spec whose commit maps to show; "
                                     "its sampling settings are the AR grid's too. " + SPEC_HELP)):
     """docs/ figures: a 4x4 grid of AR samples for 16 eval prompts, and CSD's commit maps with where its
     relaxed acceptances fall (objects, smooth and detailed background)."""
@@ -196,7 +196,7 @@ def figures(out: Path = typer.Option(Path("docs"), help="folder for the PNGs and
     captioned_grid(list(images), prompts).save(out / "samples_grid.png")
     rows = eval_prompts(n)
     prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
-    images, stats, _ = generate(m, prompts, seeds, spec, 64, desc=spec.label)
+    images, stats, _ = generate(m, prompts, seeds, spec, 16, desc=spec.label)  # speculation's cheap batch on a CPU
     maps = [s.commit_map for s in stats]
     report = {"decoder": str(spec), "n": len(prompts),
               "forwards_per_image": float(np.mean([s.forwards for s in stats]))}

@@ -43,6 +43,9 @@ def test_best_rows_on_fake_curves(name, f, fpb, want):
 def test_speculate_window_on_fake_curves(name, f, tpf, want):
     go, rates = speculate_window(curve(f), 33, tpf)
     assert go == want, (name, rates)
+    # a measured rate (wall clock, drafting and verification included) replaces that choice's estimate
+    slower = {"window": 0.9 * rates["0"]} if go else {"0": 0.9 * rates["window"]}
+    assert speculate_window(curve(f), 33, tpf, slower)[0] != go
 
 
 def test_calibrated_prefix_engine_falls_back_to_ar_and_learns(tmp_path):
@@ -62,6 +65,11 @@ def test_calibrated_prefix_engine_falls_back_to_ar_and_learns(tmp_path):
     st = one.stats[0]
     assert st.extra["policy"] == "cost curve" and st.extra["rows"] == 2 and st.forwards < tiny.grid[0] * W
     assert tiny.__dict__["_prefix_tokens_per_forward"][window] == pytest.approx(tiny.grid[0] * W / st.forwards)
+    measured = tiny.__dict__["_prefix_rates"]
+    assert set(measured[(2, window)]) == {"0"} and set(measured[(1, window)]) == {"window"}
+    measured[(1, window)]["0"] = 10 * measured[(1, window)]["window"]  # AR measured faster at batch 1
+    again = decode("ssd+csd", tiny, PROMPTS[:1], [0], SAMPLED, spec)
+    assert again.stats[0].extra["policy"].startswith("ar:") and again.stats[0].extra["measured_rates"] == ["0", "window"]
 
 
 def test_curve_interpolates_and_extends_along_its_last_slope():

@@ -19,7 +19,8 @@ import numpy as np
 
 SIDES = (8, 16, 32)
 DECODERS = ("ar", "sjd:window=16", "ssd:rows=2:rounds=2", "sjd:window=33:coupled=true", "ssd:rows=2:lossless=true",
-            "ssd+csd:rows=2:rounds=2:adaptive=true:max_rows=4:calibrated=false")  # no AR fallback: forwards only
+            "ssd+csd:commit=block:rows=2:rounds=2:adaptive=true:max_rows=4:calibrated=false",
+            "ssd+csd:calibrated=false")  # no AR fallback: forwards only
 PROMPTS = ["a large red circle at the center on a flat gray background",
            "a small blue square at the top left on a wavy beige background",
            "a large shaded green triangle at the bottom right on a cloudy slate background",

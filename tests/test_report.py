@@ -88,36 +88,26 @@ def _pair(text: str, prompt_id: str) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(m.group(1)))).convert("RGB")).astype(np.float32)
 
 
-def test_heatmap_differs_between_flat_background_and_detailed_object(run):
-    from decoders.stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED
-    from bench.report import load_run
-    from reference.commit_maps import background_tokens
-    bg = background_tokens(FLAT)  # [16, 16]: True where no token can touch the (centre) object
-    assert 100 < bg.sum() < 250 and bg[0, 0] and not bg[8, 8]
+def test_heatmaps_show_each_samples_commit_map(run):
+    """The page's heatmap of a sample is its commit map: the colour layer recovered from each [image | overlay]
+    pair, averaged per token, is the colour of that token's commit kind. (This used to compare a flat
+    background with a detailed object; on the reference model v2 the default csd speculates alike on both,
+    so the rendering is checked against the statistics themselves.)"""
+    from bench.report import commit_colours, load_run
     stats = {r["prompt_id"]: r for r in load_run(run["out"])["stats"]}
-    spec_bg, spec_obj = [], []
+    alpha, scale = 0.55, 3
     for pid in FLAT_SEEDS:
         cm = np.asarray(stats[pid]["commit_map"], np.int8).reshape(16, 16)
-        spec = np.isin(cm, [COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED])
-        spec_bg.append(spec[bg].mean())
-        spec_obj.append(spec[~bg].mean())
-    gap = float(np.mean(spec_obj) - np.mean(spec_bg))
-    assert abs(gap) >= 0.03, (spec_obj, spec_bg)
-
-    # the rendered heatmaps: recover the colour layer from each [image | overlay] pair and compare regions
-    alpha, scale = 0.55, 3
-    px_bg = np.kron(bg, np.ones((4 * scale, 4 * scale), bool))  # token -> 12x12 pixels in the page
-    green = []
-    for pid in FLAT_SEEDS:
+        assert len(np.unique(cm)) >= 2, pid  # csd speculated: accepted, resampled and bonus tokens to tell apart
         pair = _pair(run["text"], pid)
         w = 64 * scale
         image, overlay = pair[:, :w], pair[:, w + 2 * scale:w + 2 * scale + w]
-        colour = (overlay - (1 - alpha) * image) / alpha
-        mean_bg, mean_obj = colour[px_bg].mean(0), colour[~px_bg].mean(0)
-        green.append(mean_obj[1] - mean_bg[1])
-        assert np.linalg.norm(mean_obj - mean_bg) > 5, (pid, mean_obj, mean_bg)
-    # more speculation (green/yellow/blue) where the commit maps say so
-    assert np.sign(np.mean(green)) == np.sign(gap)
+        colour = (overlay - (1 - alpha) * image) / alpha  # [192, 192, 3]
+        per_token = colour.reshape(16, 4 * scale, 16, 4 * scale, 3).mean((1, 3))  # [16, 16, 3]
+        want = commit_colours(cm).astype(np.float32)
+        assert np.abs(per_token - want).mean() < 8, pid
+        other = commit_colours(np.roll(cm, 1)).astype(np.float32)  # the same kinds, misplaced: must not match
+        assert np.abs(per_token - other).mean() > 2 * np.abs(per_token - want).mean(), pid
 
 
 def test_report_reads_a_run_on_s3(run, s3, tmp_path):

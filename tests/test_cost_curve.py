@@ -55,7 +55,8 @@ def test_calibrated_prefix_engine_falls_back_to_ar_and_learns(tmp_path):
     W = tiny.grid[1]
     window = min(64, 2 * W + 1)
     spec = {"commit": "prefix", "adaptive": False, "calibrated": True, "rows": 2}
-    tiny.__dict__.setdefault("_cost_curves", {})[(2, True, window)] = CostCurve(2, SIZES, tuple(0.01 * s for s in SIZES))
+    proportional = CostCurve(2, SIZES, tuple(0.01 * s for s in SIZES))
+    tiny.__dict__.setdefault("_cost_curves", {})[(2, True, window)] = proportional
     res = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, spec)
     assert torch.equal(res.tokens, decode("ar", tiny, PROMPTS, [0, 1], SAMPLED).tokens)
     assert all(s.extra["policy"].startswith("ar:") and s.extra["rows"] == 0 for s in res.stats)
@@ -69,7 +70,8 @@ def test_calibrated_prefix_engine_falls_back_to_ar_and_learns(tmp_path):
     assert set(measured[(2, window)]) == {"0"} and set(measured[(1, window)]) == {"window"}
     measured[(1, window)]["0"] = 10 * measured[(1, window)]["window"]  # AR measured faster at batch 1
     again = decode("ssd+csd", tiny, PROMPTS[:1], [0], SAMPLED, spec)
-    assert again.stats[0].extra["policy"].startswith("ar:") and again.stats[0].extra["measured_rates"] == ["0", "window"]
+    st = again.stats[0]
+    assert st.extra["policy"].startswith("ar:") and st.extra["measured_rates"] == ["0", "window"]
 
 
 def test_curve_interpolates_and_extends_along_its_last_slope():

@@ -7,7 +7,8 @@ holding a family name and a flat params dict. `decoder_config` turns a family's 
 typed config, with the family's defaults, and rejects unknown keys.
 
 Importing the package loads no torch: the settings (configs.py) and the spec are plain Python, so a driver
-that validates and records runs stays small; `run`, `decode` and `load_heads` load the engine on first use.
+that validates and records runs stays small; `run`, `decode`, `load_heads` and
+the calibration helpers load the engine on first use.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .configs import (CSD_DEFAULTS, DECODER_NAMES, FAMILIES, SSD_CSD_DEFAULTS, R
                       SJDConfig, SSDConfig, decoder_config)
 from .spec import DecodeSpec
 
-_ENGINE = ("run", "decode", "load_heads")
+_ENGINE = ("run", "decode", "load_heads", "calibrate_spec", "install_spec_plan")
 
 
 def __getattr__(name: str):

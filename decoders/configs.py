@@ -128,6 +128,9 @@ CSD_SJD_DEFAULTS = {"coupled": True, "window": 33}
 # stays within tolerance where committing whole blocks after r rounds does not (+1.1 nats/token at lam 1); the
 # device's cost curve decides per batch whether the window pays or plain AR is faster (reported in the stats).
 SSD_CSD_DEFAULTS = {"commit": "prefix", "adaptive": False, "calibrated": True}
+# A calibrated spec's choices are timed on at least this many prompts (a batch, when that is larger): at batch 1,
+# one prompt's content would decide for a whole run (decoders/calibrate.py).
+CALIBRATION_PROMPTS = 4
 _RELAX = {f.name for f in fields(Relaxation)}
 _SJD = {f.name for f in fields(SJDConfig)} - {"relax"}
 _SSD = {f.name for f in fields(SSDConfig)} - {"relax"}

@@ -11,20 +11,17 @@ machine to machine, so `measure_cost_curve` times real forwards at start-up (a f
     plain AR:                                  1 / t(1)
 
 where t(s) is the measured time of one forward feeding s tokens to each of the batch's rows, and
-forwards_per_block the running mean of forwards a block took (1 when every draft is kept, up to
-rounds + 1). r = 0 means plain AR is faster on this device at this batch size.
+forwards_per_block the forwards a block takes (1 when every draft is kept, up to rounds + 1).
+r = 0 means plain AR is faster on this device at this batch size.
 
 The prefix engine (lossless SSD, `commit=prefix`) slides a window of L = rows x W + 1 tokens and commits a
-verified prefix per forward, so `speculate_window` only decides whether that window pays:
+verified prefix per forward, so `window_rates` compares windows of 1, 2, ... rows with AR:
 
-    window:    tokens_per_forward / t(L)          plain AR:  1 / t(1)
+    window of r rows:  tokens_per_forward(L) / t(L)          plain AR:  1 / t(1)
 
-with tokens_per_forward the running mean of tokens it committed per forward (before any history, a prior of
-1 + L / 8: lossless SSD on the reference model commits 4.8 per forward with a 33-token window). The curve
-times the model's forwards only, not the drafting and verification around them, which on a CPU at batch 4
-made the window lose to AR although the curve said it would win. So once a batch of this size has decoded
-either way, its measured committed tokens per second (wall clock, everything included) replace that
-choice's estimate.
+with tokens_per_forward(L) = 1 + L / 8 before any measurement (lossless SSD on the reference model commits
+4.8 per forward with a 33-token window). These are estimates: calibrate.py times the plausible choices and
+decides once.
 """
 
 from __future__ import annotations
@@ -66,16 +63,18 @@ def best_rows(curve: CostCurve, W: int, max_rows: int, forwards_per_block: float
 
 
 def window_prior(L: int) -> float:
-    """Committed tokens per forward expected of an L-token window before any history (module doc)."""
+    """Committed tokens per forward expected of an L-token window before any measurement (module doc)."""
     return 1.0 + L / 8
 
 
-def speculate_window(curve: CostCurve, L: int, tokens_per_forward: float,
-                     measured: dict | None = None) -> tuple[bool, dict]:
-    """(whether the prefix engine's L-token window beats plain AR; the committed tokens per second per sample
-    expected of both, "0" plain AR and "window": measured where `measured` has them, else from the curve)."""
-    rates = {"0": 1.0 / curve.time(1), "window": tokens_per_forward / curve.time(L)} | (measured or {})
-    return rates["window"] > rates["0"], rates  # a tie goes to AR: less work for the same speed
+def window_rates(curve: CostCurve, W: int, max_rows: int) -> dict[str, float]:
+    """{"0": plain AR, "r": a window of r rows (L = r * W + 1, at most 64)}: expected committed tokens per second
+    per sample."""
+    rates = {"0": 1.0 / curve.time(1)}
+    for r in range(1, max_rows + 1):
+        L = min(64, r * W + 1)
+        rates[str(r)] = window_prior(L) / curve.time(L)
+    return rates
 
 
 def _sync(device: torch.device) -> None:
@@ -105,13 +104,3 @@ def measure_cost_curve(model, prompts: list[str], use_cfg: bool, max_tokens: int
             times.append(time.perf_counter() - t0)
         seconds.append(statistics.median(times))
     return CostCurve(B, tuple(sizes), tuple(seconds))
-
-
-def cost_curve_for(model, prompts: list[str], use_cfg: bool, max_tokens: int) -> CostCurve:
-    """The model's curve at this batch size, measured once and kept on the model object (like its heads),
-    so an actor measures at its first batch and reuses the curve for the rest of its life."""
-    cache = model.__dict__.setdefault("_cost_curves", {})
-    key = (len(prompts), use_cfg, max_tokens)
-    if key not in cache:
-        cache[key] = measure_cost_curve(model, prompts, use_cfg, max_tokens)
-    return cache[key]

@@ -1,14 +1,15 @@
-"""Decoding as a spec says: the one dispatch from a `DecodeSpec` to the decoder that runs it, and the SSD
-heads a model decodes with, loaded once per model object."""
+"""Decoding as a spec says: the one dispatch from a `DecodeSpec` to the decoder that runs it, the SSD heads a
+model decodes with, loaded once per model object, and a calibrated spec's plan (calibrate.py)."""
 
 from __future__ import annotations
 
 from .ar import decode_ar
+from .calibrate import Plan, calibrate, install_plan
 from .configs import FAMILIES, SamplingConfig
 from .protocol import ImageTokenModel
 from .sjd import decode_sjd
 from .spec import DecodeSpec
-from .ssd import decode_ssd
+from .ssd import choice_decoder, decode_ssd
 from .ssd_heads import SpatialHeads
 from .stats import DecodeResult
 
@@ -32,6 +33,18 @@ def run(spec: DecodeSpec, model: ImageTokenModel, prompts: list[str], seeds: lis
     if engine == "ssd":
         return decode_ssd(model, prompts, seeds, sc, load_heads(model, spec.heads), cfg)
     return decode_sjd(model, prompts, seeds, sc, cfg)
+
+
+def calibrate_spec(spec: DecodeSpec, model, prompts: list[str], seeds: list[int], batch: int) -> Plan:
+    """The plan of a calibrated spec at `batch` on this model's device, timed on `prompts` (calibrate.py)."""
+    cfg, sc = spec.config(), spec.sampling
+    return calibrate(model, cfg, sc, prompts, seeds, batch, choice_decoder(model, sc, load_heads(model, spec.heads), cfg))
+
+
+def install_spec_plan(spec: DecodeSpec, model, plan: Plan | dict) -> None:
+    """Decode `spec` on this model object by `plan` from now on, whatever the batch (a run's recorded plan)."""
+    plan = plan if isinstance(plan, Plan) else Plan.from_dict(plan)
+    install_plan(model, spec.config(), spec.sampling, load_heads(model, spec.heads), plan)
 
 
 def decode(name: str, model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,

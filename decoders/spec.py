@@ -96,6 +96,12 @@ class DecodeSpec:
                 "heads": self.heads}
 
     @property
+    def calibrated(self) -> bool:
+        """Whether the device picks this spec's rows (`calibrated=true`, decoders/calibrate.py): decided once per
+        run and recorded, since the choice changes a lossy decoder's tokens."""
+        return bool(getattr(self.config(), "calibrated", False))
+
+    @property
     def label(self) -> str:
         """The decoder and its parameters, without sampling: how tables name a row (`csd:lam=0.5`)."""
         heads = f":heads={self.heads}" if self.heads else ""

@@ -22,8 +22,10 @@ this engine without CSD's relaxation; with it, CSD's TV-filtered relaxation appl
 engine over a sliding window of `rows` rows, whose tail is topped up with the heads' 2D drafts and whose
 other positions carry Gumbel-coupled Jacobi updates (sjd.py): what a block verifies but cannot yet commit
 is kept for the next forward instead of being drafted again. `rounds`, `adaptive` and the token budget
-belong to the block decoder and do not apply; `calibrated` decodes a batch as plain AR where the device's
-cost curve says the window does not pay (cost_curve.speculate_window).
+belong to the block decoder and do not apply.
+
+`calibrated=true` (either engine) decodes by a `calibrate.Plan` decided once per model object and config: the
+rows that are fastest on this device at this batch size, or plain AR; the statistics record it.
 """
 
 from __future__ import annotations
@@ -32,13 +34,12 @@ import math
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from . import rng
 from .ar import decode_ar, prefill
 from .configs import SSDConfig
-from .cost_curve import best_rows, cost_curve_for, speculate_window, window_prior
+from .calibrate import plan_for, planned
 from .drafters import Drafter, HeadsDrafter
 from .protocol import ImageTokenModel, check_request
 from .sampling import SamplingConfig, model_device, processed_probs, sample_from
@@ -55,23 +56,20 @@ def budget_rows(cfg: SSDConfig, batch: int, W: int) -> int:
 
 class AdaptivePolicy:
     """Rows drafted per block, per sample, bounded to [1, cap]:
-      - calibrated: cap = the rows that maximise expected committed tokens per second on this device at this
-        batch size (cost_curve.best_rows); with 0, `decode_ssd` decodes the batch as plain AR;
       - content: after a block whose drafts were mostly kept (>= 75% of the block exact or accepted before
         the last round) and whose target entropy was low (mean normalised entropy < 0.5: smooth content),
         draft one more row; after a block with < 40% kept, or high entropy, one fewer;
-      - otherwise, compute headroom: cap = min(max_rows, token_budget // (batch * W)) when a budget is set, so a big
+      - compute headroom: cap = min(max_rows, token_budget // (batch * W)) when a budget is set, so a big
         batch, which already fills the device, speculates less; when not even one row per sample fits
-        (cap 0), `decode_ssd` decodes the batch as plain AR, which is what a full device does best.
+        (cap 0), `decode_ssd` decodes the batch as plain AR, which is what a full device does best. A
+        calibrated config arrives here as its plan's rows (calibrate.planned).
     The rows chosen are recorded per block in the statistics (block_sizes)."""
 
-    def __init__(self, cfg: SSDConfig, batch: int, W: int, cap: int | None = None, device: torch.device | str = "cpu"):
-        """cap: rows chosen from the device's cost curve (calibrated), overriding the budget's cap. device: the
-        model's (rows per sample sit with the decoder's other per-sample tensors)."""
-        if cap is None:
-            cap = cfg.max_rows if cfg.adaptive else cfg.rows
-            if cfg.token_budget:
-                cap = max(1, min(cap, budget_rows(cfg, batch, W)))
+    def __init__(self, cfg: SSDConfig, batch: int, W: int, device: torch.device | str = "cpu"):
+        """device: the model's (rows per sample sit with the decoder's other per-sample tensors)."""
+        cap = cfg.max_rows if cfg.adaptive else cfg.rows
+        if cfg.token_budget:
+            cap = max(1, min(cap, budget_rows(cfg, batch, W)))
         self.cap, self.adaptive = cap, cfg.adaptive
         self.rows = torch.full((batch,), min(cfg.rows, cap), dtype=torch.long, device=device)
 
@@ -85,52 +83,40 @@ class AdaptivePolicy:
 
 
 def _decode_prefix(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> DecodeResult:
-    """Lossless SSD / commit=prefix: the SJD engine over a window of `rows` rows, topped up by the heads; with
-    `calibrated`, plain AR where the device says the window does not pay (cost_curve.py)."""
+    """Lossless SSD / commit=prefix: the SJD engine over a window of `rows` rows, topped up by the heads."""
     W, N = model.grid[1], model.grid[0] * model.grid[1]
     window = min(64, cfg.rows * W + 1)  # the last committed token + `rows` rows of drafts
-    speculate, plan = _plan_window(model, prompts, sc, cfg, window)
-    t0 = time.perf_counter()
-    if speculate:
-        drafter = HeadsDrafter(model, heads, sc, cfg.two_d, len(prompts), N + window + 2)
-        res = decode_sjd(model, prompts, seeds, sc, SJDConfig(window=window, coupled=True, relax=cfg.relax),
-                         drafter=drafter)
-    else:
-        res = decode_ar(model, prompts, seeds, sc)  # exact, and faster here than the window
-    if cfg.calibrated:
-        _note_prefix_run(model, window, len(prompts), speculate, res.stats, N, time.perf_counter() - t0)
+    drafter = HeadsDrafter(model, heads, sc, cfg.two_d, len(prompts), N + window + 2)
+    res = decode_sjd(model, prompts, seeds, sc, SJDConfig(window=window, coupled=True, relax=cfg.relax),
+                     drafter=drafter)
     for st in res.stats:
-        st.extra |= {"rows": cfg.rows if speculate else 0, "lossless": not cfg.relax.active, "commit": "prefix",
-                     "two_d": cfg.two_d, "block_sizes": [], "rounds_per_block": [], "lam": cfg.relax.lam,
-                     "delta": cfg.relax.delta} | plan
+        st.extra |= {"rows": cfg.rows, "lossless": not cfg.relax.active, "commit": "prefix", "two_d": cfg.two_d,
+                     "block_sizes": [], "rounds_per_block": [], "lam": cfg.relax.lam, "delta": cfg.relax.delta}
     return res
 
 
-def _plan_window(model, prompts, sc: SamplingConfig, cfg: SSDConfig, window: int) -> tuple[bool, dict]:
-    """(whether the prefix engine speculates on this batch; what decided it, for the statistics)."""
-    if not cfg.calibrated:
-        return True, {}
-    curve = cost_curve_for(model, prompts, sc.uses_cfg, window)
-    tpf = model.__dict__.get("_prefix_tokens_per_forward", {}).get(window, window_prior(window))
-    measured = model.__dict__.get("_prefix_rates", {}).get((len(prompts), window), {})
-    speculate, rates = speculate_window(curve, window, tpf, measured)
-    policy = "cost curve" if speculate else "ar: plain AR is faster on this device at this batch size"
-    return speculate, {"policy": policy, "rows_cap": cfg.rows if speculate else 0,
-                       "tokens_per_forward_estimate": tpf, "expected_tokens_per_s": rates,
-                       "measured_rates": sorted(measured), "cost_curve": curve.to_dict()}
+def choice_decoder(model, sc: SamplingConfig, heads: SpatialHeads, cfg: SSDConfig):
+    """How calibrate.py decodes a batch as one of its choices: rows > 0 as planned, 0 as plain AR."""
+    def decode_as(prompts: list[str], seeds: list[int], rows: int) -> DecodeResult:
+        if rows == 0:
+            return decode_ar(model, prompts, seeds, sc)
+        return decode_ssd(model, prompts, seeds, sc, heads, planned(cfg, rows))
+    return decode_as
 
 
-def _note_prefix_run(model, window: int, batch: int, speculated: bool, stats, N: int, seconds: float) -> None:
-    """What the next batch plans with (kept on the model object, so an actor learns once): the running mean of
-    tokens committed per forward with this window, and the committed tokens per second per sample that this
-    batch size measured, wall clock, for the choice it made ("window", or "0" for plain AR)."""
-    def ema(d: dict, key, new: float) -> None:
-        d[key] = new if key not in d else 0.7 * d[key] + 0.3 * new
-    if speculated:
-        ema(model.__dict__.setdefault("_prefix_tokens_per_forward", {}), window,
-            float(np.mean([N / max(1, st.forwards) for st in stats])))
-    ema(model.__dict__.setdefault("_prefix_rates", {}).setdefault((batch, window), {}),
-        "window" if speculated else "0", N / seconds)
+def _decode_calibrated(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> DecodeResult:
+    """Decode by the model's plan for this config (calibrate.py): its rows, or plain AR; the plan goes into the
+    statistics, so a fall-back to AR is reported, never silent."""
+    plan = plan_for(model, cfg, sc, heads, prompts, seeds, choice_decoder(model, sc, heads, cfg))
+    if plan.rows == 0:
+        res = decode_ar(model, prompts, seeds, sc)  # exact, and faster here than speculating
+        fixed = {"rows": 0, "commit": cfg.commit, "block_sizes": [], "rounds_per_block": []}
+    else:
+        res = decode_ssd(model, prompts, seeds, sc, heads, planned(cfg, plan.rows))
+        fixed = {}
+    for st in res.stats:
+        st.extra |= fixed | {"policy": plan.policy, "rows_cap": plan.rows, "plan": plan.to_dict()}
+    return res
 
 
 @torch.no_grad()
@@ -139,19 +125,22 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
     """SSD with `heads`: the block decoder below, or the prefix engine (decode_sjd with the heads as drafter),
     or plain AR when the plan leaves no rows to speculate with."""
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
+    if cfg.calibrated:
+        return _decode_calibrated(model, prompts, seeds, sc, heads, cfg)
     if cfg.prefix_engine:
         return _decode_prefix(model, prompts, seeds, sc, heads, cfg)
-    cap, plan = _plan_rows(model, prompts, sc, cfg)
-    if cap == 0:
+    W = model.grid[1]
+    if budget_rows(cfg, len(prompts), W) == 0:
         res = decode_ar(model, prompts, seeds, sc)  # no headroom: speculation would only add work
         for st in res.stats:
-            st.extra = {"block_sizes": [], "rounds_per_block": []} | plan
+            st.extra = {"block_sizes": [], "rounds_per_block": [], "policy": "ar: batch fills the token budget"}
         return res
+    plan = {"policy": "token budget" if cfg.token_budget else "fixed"}
     t0 = time.perf_counter()
     dev = model_device(model)  # every buffer and key below lives on it
     streams = rng.Streams(seeds, dev)
-    B, (H, W) = len(prompts), model.grid
-    policy = AdaptivePolicy(cfg, B, W, cap if cfg.calibrated else None, device=dev)
+    B, H = len(prompts), model.grid[0]
+    policy = AdaptivePolicy(cfg, B, W, device=dev)
     N, Lmax = H * W, policy.cap * W
     size = N + Lmax + 2  # index slots: the image, a block running past its end, the bonus's and a junk slot
     drafter = HeadsDrafter(model, heads, sc, cfg.two_d, B, size)
@@ -181,7 +170,6 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
                 break
         n, feed = _commit(blk, buf, original, u[:, 0, -1], tally, policy, N)
 
-    _note_forwards_per_block(model, tally.rounds)
     fixed = {"rows": cfg.rows, "rounds": cfg.rounds, "lossless": False, "two_d": cfg.two_d, "adaptive": cfg.adaptive,
              "lam": cfg.relax.lam, "delta": cfg.relax.delta} | plan
     return DecodeResult(buf[:, :N].clone(), tally.stats(model.grid, (time.perf_counter() - t0) / B, fixed))
@@ -282,27 +270,3 @@ def _commit(blk: _Block, buf: torch.Tensor, original: torch.Tensor, ub: torch.Te
     new_n = n + take + bonus_ok.long()
     feed = torch.where(active, torch.where(converged, new_n - 1, blk.feed), blk.feed)
     return torch.where(active, new_n.clamp(max=N), n), feed
-
-
-def _plan_rows(model, prompts, sc: SamplingConfig, cfg: SSDConfig) -> tuple[int, dict]:
-    """(the batch's cap on rows per block, 0 = plain AR; and what decided it, for the statistics)."""
-    W = model.grid[1]
-    if not cfg.calibrated:
-        cap = budget_rows(cfg, len(prompts), W)
-        return cap, {"policy": "ar: batch fills the token budget" if cap == 0 else "token budget" if
-                     cfg.token_budget else "fixed"}
-    curve = cost_curve_for(model, prompts, sc.uses_cfg, cfg.max_rows * W)
-    fpb = model.__dict__.get("_ssd_forwards_per_block", cfg.rounds + 1.0)  # no history yet: the worst case
-    cap, rates = best_rows(curve, W, cfg.max_rows, fpb)
-    policy = "ar: plain AR is faster on this device at this batch size" if cap == 0 else "cost curve"
-    return cap, {"policy": policy, "rows_cap": cap, "forwards_per_block_estimate": fpb,
-                 "expected_tokens_per_s": rates, "cost_curve": curve.to_dict()}
-
-
-def _note_forwards_per_block(model, rounds_used: list[list[int]]) -> None:
-    """The running mean of forwards per block that the next batch's plan uses (kept on the model object)."""
-    blocks = [r for per in rounds_used for r in per]
-    if blocks:
-        old = model.__dict__.get("_ssd_forwards_per_block")
-        new = float(np.mean(blocks))
-        model.__dict__["_ssd_forwards_per_block"] = new if old is None else 0.7 * old + 0.3 * new

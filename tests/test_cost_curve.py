@@ -1,12 +1,13 @@
-"""The device-calibrated block policy: on fake cost curves (flat, proportional, step, affine) it picks the
-rows per block that maximise expected committed tokens per second, falls back to plain AR (and says so)
-when that is faster, and a real measurement on a tiny model has the shape the policy needs."""
+"""The device calibration: on fake cost curves (flat, proportional, step, affine) the estimates favour the rows
+they should, only plausible choices are timed, the fastest measured wins, a fall-back to plain AR is said, the
+plan is decided once (tokens depend on the seed only), and a real curve on a tiny model has the right shape."""
 
 import pytest
 import torch
 
 from decoders import decode
-from decoders.cost_curve import CostCurve, best_rows, measure_cost_curve, speculate_window
+from decoders.calibrate import choose, worth_timing
+from decoders.cost_curve import CostCurve, best_rows, measure_cost_curve, window_rates
 from decoders.sampling import SamplingConfig
 from tiny import tiny_model, tiny_with_heads
 
@@ -34,44 +35,83 @@ def test_best_rows_on_fake_curves(name, f, fpb, want):
     assert rates[str(rows)] == max(rates.values())
 
 
-@pytest.mark.parametrize("name, f, tpf, want", [
-    ("flat: the window is free", lambda s: 1.0, 1.5, True),
-    ("proportional: the window costs its tokens", lambda s: 0.01 * s, 5.0, False),
-    ("affine: overhead dominates, 5 tokens a forward pay", lambda s: 10 + s, 5.0, True),
-    ("affine, too few tokens a forward", lambda s: 10 + s, 2.0, False),
+@pytest.mark.parametrize("name, f, want", [
+    ("flat: the widest window is free", lambda s: 1.0, "2"),
+    ("proportional: the window costs its tokens", lambda s: 0.01 * s, "0"),
+    ("affine: overhead dominates, the window pays", lambda s: 10 + s, "2"),
+    ("step: one row is free, two cost 4x", lambda s: 1.0 if s <= 17 else 4.0, "1"),
 ])
-def test_speculate_window_on_fake_curves(name, f, tpf, want):
-    go, rates = speculate_window(curve(f), 33, tpf)
-    assert go == want, (name, rates)
-    # a measured rate (wall clock, drafting and verification included) replaces that choice's estimate
-    slower = {"window": 0.9 * rates["0"]} if go else {"0": 0.9 * rates["window"]}
-    assert speculate_window(curve(f), 33, tpf, slower)[0] != go
+def test_window_rates_on_fake_curves(name, f, want):
+    rates = window_rates(curve(f), 16, 2)
+    assert set(rates) == {"0", "1", "2"} and max(rates, key=rates.get) == want, (name, rates)
 
 
-def test_calibrated_prefix_engine_falls_back_to_ar_and_learns(tmp_path):
-    """commit=prefix with calibrated: plain AR where the window does not pay (the stats say so), the window
-    where it does, and the tokens per forward it saw kept for the next batch's plan."""
+def test_only_plausible_choices_are_timed_and_ties_go_to_fewer_rows():
+    assert worth_timing({"0": 1.0, "1": 2.1, "2": 4.0}) == [1, 2]  # AR is under half the best estimate
+    assert worth_timing({"0": 1.0, "1": 0.4}) == [0]
+    assert choose({"0": 1.0, "1": 1.5, "2": 1.5}) == 1
+    assert choose({"0": 2.0, "1": 1.5}) == 0
+
+
+def _fake_device(monkeypatch, f, measured: dict | None = None) -> list:
+    """The calibration sees cost curve f and, if it times choices, `measured` (images/s); returns the list of
+    choice sets it timed."""
+    import decoders.calibrate as cal
+    timed = []
+    monkeypatch.setattr(cal, "measure_cost_curve", lambda model, prompts, use_cfg, most: CostCurve(
+        len(prompts), SIZES, tuple(float(f(s)) for s in SIZES)))
+
+    def fake_time(model, prompts, seeds, batch, trial, decode_as):
+        timed.append(trial)
+        return {str(r): measured[str(r)] for r in trial}
+    monkeypatch.setattr(cal, "_time_choices", fake_time)
+    return timed
+
+
+PREFIX = {"commit": "prefix", "adaptive": False, "calibrated": True, "rows": 2}
+
+
+def test_calibrated_prefix_engine_decodes_as_planned_and_says_so(tmp_path, monkeypatch):
+    """Proportional curve: AR without timing anything (the stats say so); flat curve: the windows are timed and
+    the fastest measured (one row here) decodes, exactly as the uncalibrated spec with that many rows."""
     tiny = tiny_with_heads(tmp_path / "t")
-    W = tiny.grid[1]
-    window = min(64, 2 * W + 1)
-    spec = {"commit": "prefix", "adaptive": False, "calibrated": True, "rows": 2}
-    proportional = CostCurve(2, SIZES, tuple(0.01 * s for s in SIZES))
-    tiny.__dict__.setdefault("_cost_curves", {})[(2, True, window)] = proportional
-    res = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, spec)
+    timed = _fake_device(monkeypatch, lambda s: 0.01 * s)
+    res = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, PREFIX)
     assert torch.equal(res.tokens, decode("ar", tiny, PROMPTS, [0, 1], SAMPLED).tokens)
-    assert all(s.extra["policy"].startswith("ar:") and s.extra["rows"] == 0 for s in res.stats)
-    assert "_prefix_tokens_per_forward" not in tiny.__dict__
-    tiny.__dict__["_cost_curves"][(1, True, window)] = CostCurve(1, SIZES, (1.0,) * len(SIZES))
-    one = decode("ssd+csd", tiny, PROMPTS[:1], [0], SAMPLED, spec)
-    st = one.stats[0]
-    assert st.extra["policy"] == "cost curve" and st.extra["rows"] == 2 and st.forwards < tiny.grid[0] * W
-    assert tiny.__dict__["_prefix_tokens_per_forward"][window] == pytest.approx(tiny.grid[0] * W / st.forwards)
-    measured = tiny.__dict__["_prefix_rates"]
-    assert set(measured[(2, window)]) == {"0"} and set(measured[(1, window)]) == {"window"}
-    measured[(1, window)]["0"] = 10 * measured[(1, window)]["window"]  # AR measured faster at batch 1
-    again = decode("ssd+csd", tiny, PROMPTS[:1], [0], SAMPLED, spec)
-    st = again.stats[0]
-    assert st.extra["policy"].startswith("ar:") and st.extra["measured_rates"] == ["0", "window"]
+    assert timed == [] and all(s.extra["policy"].startswith("ar:") and s.extra["rows"] == 0 for s in res.stats)
+    tiny.__dict__.pop("_ssd_plans")
+    timed = _fake_device(monkeypatch, lambda s: 1.0, {"1": 3.0, "2": 2.0})
+    res = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, PREFIX)
+    assert timed == [[1, 2]]  # AR's estimate is under half the widest window's: not worth timing
+    st = res.stats[0]
+    assert st.extra["policy"] == "calibrated: 1 row(s)" and st.extra["rows"] == 1 and st.extra["plan"]["rows"] == 1
+    one_row = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, PREFIX | {"calibrated": False, "rows": 1})
+    assert torch.equal(res.tokens, one_row.tokens)
+
+
+def test_a_plan_is_decided_once_so_tokens_depend_on_the_seed_only(tmp_path):
+    """Real timings on a real (tiny) model: the first batch calibrates; the plan is never revised, so the same
+    seed gives the same tokens alone, in another batch, and again later, whatever the timings do."""
+    tiny = tiny_with_heads(tmp_path / "t")
+    first = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, PREFIX)
+    plan = first.stats[0].extra["plan"]
+    assert plan["batch"] == 2 and plan["seconds"] > 0 and str(plan["rows"]) in plan["estimates"]
+    alone = decode("ssd+csd", tiny, PROMPTS[1:], [1], SAMPLED, PREFIX)
+    again = decode("ssd+csd", tiny, PROMPTS[::-1], [1, 0], SAMPLED, PREFIX)
+    assert torch.equal(alone.tokens[0], first.tokens[1]) and torch.equal(again.tokens.flip(0), first.tokens)
+    assert alone.stats[0].extra["plan"] == plan and len(tiny.__dict__["_ssd_plans"]) == 1
+
+
+def test_an_installed_plan_is_what_decodes(tmp_path):
+    """A run's recorded plan (flows.pipeline) installed on a fresh model object decodes without calibrating."""
+    from decoders import DecodeSpec, install_spec_plan, run
+    tiny = tiny_with_heads(tmp_path / "t")
+    spec = DecodeSpec.parse("ssd+csd:cfg=3")
+    plan = {"rows": 0, "batch": 16, "estimates": {"0": 1.0}, "measured": {}, "cost_curve": {}, "seconds": 0.0}
+    install_spec_plan(spec, tiny, plan)
+    res = run(spec, tiny, PROMPTS, [0, 1])
+    assert torch.equal(res.tokens, decode("ar", tiny, PROMPTS, [0, 1], SAMPLED).tokens)
+    assert res.stats[0].extra["plan"] == plan
 
 
 def test_curve_interpolates_and_extends_along_its_last_slope():
@@ -79,27 +119,24 @@ def test_curve_interpolates_and_extends_along_its_last_slope():
     assert c.time(3) == pytest.approx(4) and c.time(128) == pytest.approx(129)
 
 
-def _with_curve(model, batch: int, f) -> None:
-    W = model.grid[1]
-    model.__dict__.setdefault("_cost_curves", {})[(batch, True, 4 * W)] = CostCurve(batch, SIZES, tuple(
-        float(f(s)) for s in SIZES))
-
-
-def test_calibrated_block_decoder_follows_the_device(tmp_path):
+def test_calibrated_block_decoder_follows_the_device(tmp_path, monkeypatch):
     tiny = tiny_with_heads(tmp_path / "t")
     W = tiny.grid[1]
-    _with_curve(tiny, 2, lambda s: 0.01 * s)  # proportional: AR is best, and the stats say so
+    # proportional, AR measured fastest: AR, and the stats say so
+    _fake_device(monkeypatch, lambda s: 0.01 * s, {"0": 2.0, "1": 1.0, "2": 1.0, "3": 1.0, "4": 1.0})
     block = {"commit": "block", "adaptive": True}  # the block decoder (ssd+csd's default is the prefix engine)
     res = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, block)
     ar = decode("ar", tiny, PROMPTS, [0, 1], SAMPLED)
     assert torch.equal(res.tokens, ar.tokens)
     assert all(s.extra["policy"].startswith("ar:") and s.extra["rows_cap"] == 0 for s in res.stats)
-    _with_curve(tiny, 1, lambda s: 1.0)  # flat: the cap is max_rows, and the curve is in the stats
+    # flat: several caps are worth timing, and the fastest measured is the cap, with the curve in the stats
+    timed = _fake_device(monkeypatch, lambda s: 1.0, {"2": 1.0, "3": 1.0, "4": 2.0})
+    tiny.__dict__.pop("_ssd_plans")
     one = decode("ssd+csd", tiny, PROMPTS[:1], [0], SAMPLED, block | {"rows": 4})
     st = one.stats[0]
-    assert st.extra["rows_cap"] == 4 and tuple(st.extra["cost_curve"]["tokens"]) == SIZES
+    assert timed == [[2, 3, 4]] and st.extra["rows_cap"] == 4
+    assert tuple(st.extra["plan"]["cost_curve"]["tokens"]) == SIZES
     assert max(st.extra["block_sizes"]) == 4 * W - 1  # all rows after the prefill's token in one block
-    assert tiny.__dict__["_ssd_forwards_per_block"] >= 1  # the running estimate the next batch plans with
 
 
 def test_measured_curve_on_a_real_model(tmp_path):

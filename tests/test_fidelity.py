@@ -81,13 +81,18 @@ def test_lossless_indistinguishable_and_a_planted_lossy_setting_caught(tiny):
         assert lo <= r["nll_gap"] <= hi and len(r["nll_gap_ci99"]) == 2 and r["fd_to_ar"] is None
 
 
-def test_a_calibrated_spec_is_measured_with_its_cap_off():
-    """At a batch size where the device cap falls back to AR, a calibrated spec would measure as AR (exact);
-    fidelity decodes it uncapped instead, and leaves every other spec as it is."""
-    from bench.fidelity import uncapped
+def test_a_calibrated_spec_is_measured_at_every_choice_it_may_make():
+    """A calibrated spec may decode with 1 .. rows rows (or AR, exact) depending on the device: fidelity
+    measures each choice under its uncalibrated spec, and leaves every other spec as it is."""
+    from bench.fidelity import choices, uncapped
     from decoders.spec import DecodeSpec
-    spec = DecodeSpec.parse("ssd+csd:lam=1")  # the prefix engine, calibrated by default
-    assert spec.config().calibrated and not uncapped(spec).config().calibrated
-    assert uncapped(spec).config().relax == spec.config().relax and uncapped(spec).sampling == spec.sampling
+    spec = DecodeSpec.parse("ssd+csd:lam=1")  # the prefix engine, calibrated, rows 2 by default
+    opts = choices(spec)
+    assert sorted(opts) == [1, 2] and opts[1].label == "ssd+csd:calibrated=false:lam=1:rows=1"
+    assert all(not o.config().calibrated and o.config().relax == spec.config().relax and o.sampling == spec.sampling
+               for o in opts.values())
+    assert uncapped(spec) == opts[2]
+    block = choices(DecodeSpec.parse("ssd+csd:commit=block:max_rows=3"))
+    assert [(o.config().rows, o.config().max_rows) for o in block.values()] == [(1, 1), (2, 2), (2, 3)]
     for text in ("csd", "ssd:lossless=true", "ssd+csd:commit=block:adaptive=true:calibrated=false:token_budget=8", "ar"):
-        assert uncapped(DecodeSpec.parse(text)) == DecodeSpec.parse(text)
+        assert choices(DecodeSpec.parse(text)) == {} and uncapped(DecodeSpec.parse(text)) == DecodeSpec.parse(text)

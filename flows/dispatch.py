@@ -133,8 +133,10 @@ class Dispatcher:
     `done[i]` is set when shard i commits. Start with `start()`, end with `close()`."""
 
     def __init__(self, cfg, files, out: Output, actors: list, done: bytearray, log, restart_wait_s: float,
-                 bar=None):
+                 bar=None, decode_plan: dict | None = None):
+        """decode_plan: a calibrated decoder's plan (flows.pipeline), sent with every batch."""
         self.cfg, self.files, self.out, self.done = cfg, files, out, done
+        self.decode_plan = decode_plan
         self.log, self.bar = log, bar
         self.restart_wait_s = restart_wait_s
         self.actors = [_Actor(a) for a in actors]
@@ -247,7 +249,7 @@ class Dispatcher:
         if actor.inflight == 0:
             actor.mark = time.perf_counter()  # the actor was idle until now: that gap is no shard's
         for i in which:
-            ref = actor.handle.decode.remote(job.batches[i])
+            ref = actor.handle.decode.remote(job.batches[i], self.decode_plan)
             job.refs[i] = ref
             actor.inflight += 1
             ref.future().add_done_callback(lambda f, i=i, g=job.gen: self.events.put(("batch", job, i, g, f)))

@@ -1,6 +1,7 @@
 """The output layout of a run on any fsspec URL, and the commit protocol that makes a shard "done".
 
     {out}/_config.json                                   run settings (no secrets); resume must match them
+    {out}/_plan.json                                     a calibrated decoder's plan, decided once (flows.pipeline)
     {out}/shards/{shard:06d}/attempt-{uuid}/images.parquet   one row per prompt: image {bytes, path}, token grid, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/stats.parquet    one row per prompt: status, error, forwards, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/audit.parquet    with --audit: one row per audited prompt (flows.audit)
@@ -33,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 CONFIG, MANIFEST, SUMMARY, MARKER = "_config.json", "manifest.parquet", "summary.json", "_SUCCESS.json"
+PLAN = "_plan.json"
 
 # `image` is the struct Hugging Face `datasets` stores its Image feature as ({bytes, path}); with the features
 # in the schema metadata below, `datasets.load_dataset("parquet", ...)` decodes it to a PIL image, while
@@ -132,6 +134,15 @@ class Output:
         if not self.fs.exists(p):
             raise FileNotFoundError(f"{self.full_url(p)}: no ssdgen run here (no {CONFIG})")
         return json.loads(self.fs.cat_file(p))
+
+    def read_plan(self) -> dict | None:
+        """The run's decode plan (decoders/calibrate.py), or None before one is made."""
+        p = self.path(PLAN)
+        return json.loads(self.fs.cat_file(p)) if self.fs.exists(p) else None
+
+    def write_plan(self, plan: dict) -> None:
+        """Record the plan before any shard decodes with it: a resume reads it back instead of re-measuring."""
+        self.fs.pipe_file(self.path(PLAN), json.dumps(plan, indent=1, sort_keys=True).encode())
 
     def _parent(self, path: str) -> None:
         """Local file systems need the folder; object stores have no folders (and must not get buckets made)."""

@@ -21,6 +21,8 @@ dead actors), and then runs only its uncommitted shards; configuration, schema a
 A failed write is first retried in place (flows.dispatch). Per-sample failures are error rows.
 Settings that change the images (model, decoder, sampling, seed, batch size, input files, shard size, image
 format and quality, output format) are recorded in `_config.json`; a resume with other settings is refused.
+A device-calibrated decoder (`calibrated=true`, ssd+csd's default) has its rows decided once, by one actor before
+the first shard, and recorded in `_plan.json`: every actor, retry and resume decodes by that plan.
 
 `--audit FRACTION` (flows/audit.py) also scores a deterministic sample of the prompts against an `ar` sample
 under the target; its rows are committed with their shard, and its cost is a line of its own.
@@ -33,9 +35,10 @@ import os
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
+from decoders.configs import CALIBRATION_PROMPTS
 from decoders.spec import DecodeSpec
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -48,7 +51,7 @@ from .dispatch import Dispatcher
 from .groups import RunContext, run_groups
 from .inputs import InputError, InputFile, check_unique_prompt_ids, list_inputs
 from .layout import Output
-from .plan import ShardPlan
+from .plan import ShardPlan, read_shard
 from .webdataset_shards import check_format
 
 # How long a shard waits for its actor's restart. After a node loss the restart waits for free resources: an
@@ -177,6 +180,25 @@ def _cluster_slots(cfg: GenerateConfig):
         yield
 
 
+def _decode_plan(cfg: GenerateConfig, files: list[InputFile], plan: ShardPlan, out: Output, actors: list,
+                 log) -> dict | None:
+    """A calibrated decoder's plan, decided once per run (decoders/calibrate.py): the recorded one on a resume,
+    else measured by one actor on the first shard's first prompts and recorded before any shard decodes. Every
+    batch carries it to its actor, so all actors, restarted ones and retries decode alike."""
+    if not cfg.decoder.calibrated:
+        return None
+    if (recorded := out.read_plan()) is not None:
+        log.info(f"decode plan: {recorded['rows']} row(s) (recorded; 0 = plain AR)")
+        return recorded
+    import ray
+    rows = [asdict(r) for r in read_shard(files, plan[0], cfg.seed)][:max(cfg.batch_size, CALIBRATION_PROMPTS)]
+    decided = ray.get(actors[0].calibrate.remote(rows, cfg.batch_size))
+    out.write_plan(decided)
+    log.info(f"decode plan: {decided['rows']} row(s) (0 = plain AR), measured in {decided['seconds']:.1f} s: "
+             f"images/s {decided['measured'] or 'not timed: the cost curve left one choice'}")
+    return decided
+
+
 def _actors(cfg: GenerateConfig) -> list:
     import ray
     from workers.decode_worker import DecodeWorker
@@ -188,7 +210,7 @@ def _actors(cfg: GenerateConfig) -> list:
 
 
 @flow(name="ssdgen-generate")
-def generate(prompts: list[str], out: str = "out", model: str = "reference", decoder: str = "ar",
+def generate(prompts: list[str], out: str = "out", model: str = "reference", decoder: str = "ssd+csd",
              seed: int = 0, shard_size: int = 256, batch_size: int = 16, actors: int = 2,
              cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
              ray_address: str | None = None, cluster_limit: str | None = None, audit: float = 0.0,
@@ -226,11 +248,13 @@ def _run_pending(cfg: GenerateConfig, files: list[InputFile], out: Output, plan:
         actors, disp = [], None
         try:
             actors = _actors(cfg)
+            decode_plan = _decode_plan(cfg, files, plan, out, actors, log)
             startup_s = time.perf_counter() - t0
             log.info(f"{cfg.actors} actor(s) ready {startup_s:.1f} s after the flow started")
             bar = tqdm(total=rows, unit="img", desc="generate", disable=not progress, smoothing=0.1)
             # the wait is read now, not at import: tests and operators may change it on the module
-            disp = Dispatcher(cfg, files, out, actors, done, log, ACTOR_RESTART_WAIT_S, bar).start()
+            disp = Dispatcher(cfg, files, out, actors, done, log, ACTOR_RESTART_WAIT_S, bar,
+                              decode_plan).start()
             failed_groups = run_groups(RunContext(plan, done, disp), pending, len(plan))
             bar.close()
         finally:
@@ -318,6 +342,7 @@ def execute(cfg: GenerateConfig, progress: bool = True) -> dict:
                 "attempts_removed": removed, "decoder": str(cfg.decoder), "model": cfg.model,
                 "batch_size": cfg.batch_size, "image_format": cfg.image_format, "format": cfg.format, "actors": cfg.actors, "device_type": cfg.device_type,
                 "commit_latency_s": ran["commit_latency_s"], "audit": _audit(cfg, out, fold.audit, price),
+                "decode_plan": _plan_summary(out.read_plan()),
                 "manifest": manifest, "finished_at": datetime.now(timezone.utc).isoformat()}
     summary["summary"] = out.write_summary(summary)
     _artifacts(summary, fold.errors)
@@ -326,6 +351,14 @@ def execute(cfg: GenerateConfig, progress: bool = True) -> dict:
         raise RuntimeError(f"{len(failed)} shard(s) failed (first: shard {first}: {failed[first]}); "
                            f"{summary['shards']}/{len(plan)} committed; run again to resume")
     return summary
+
+
+def _plan_summary(plan: dict | None) -> dict | None:
+    """The plan as summary.json shows it: the rows chosen and the rates that chose them (the cost curve stays in
+    _plan.json and in every sample's statistics)."""
+    if plan is None:
+        return None
+    return {k: plan[k] for k in ("rows", "batch", "estimates", "measured", "seconds")}
 
 
 def _artifacts(summary: dict, errors: Counter) -> None:

@@ -187,3 +187,33 @@ def test_status_reports_done_pending_and_cost(tmp_path):
     st = run_status(out)
     assert (st["shards_done"], st["shards_pending"], st["images_ok"]) == (2, 0, 4)
     assert st["cost"]["usd_on_demand"] == pytest.approx(s["usd_on_demand"])
+
+
+def test_a_calibrated_decoder_decides_once_and_a_rerun_replays_the_plan(tmp_path):
+    """ssd+csd (calibrated by default): one actor decides the plan before the first shard and `_plan.json`
+    records it; a shard lost and rerun on fresh actors decodes by the recorded plan to the same tokens, and a
+    plan put there by hand is what decodes (no second calibration)."""
+    import fsspec
+    from flows.layout import Output
+    src, out = tmp_path / "p.parquet", tmp_path / "run"
+    _write(None, src, _prompts(8))
+    kw = dict(prompts=[str(src)], out=str(out), decoder="ssd+csd", shard_size=4, batch_size=4, actors=1)
+    first = _run(**kw)
+    plan = json.loads((out / "_plan.json").read_text())
+    assert first["decode_plan"]["rows"] == plan["rows"] and plan["batch"] == 4 and plan["seconds"] > 0
+    before = _committed(str(out))[0].to_pydict()
+    fs = fsspec.filesystem("file")
+    fs.rm(str(out / "shards" / "000001"), recursive=True)  # shard 1 lost: rerun on fresh actors
+    fs.rm(str(out / "manifest.parquet"))
+    assert _run(**kw)["shards_run_now"] == 1
+    after = _committed(str(out))[0].to_pydict()
+    assert after["prompt_id"] == before["prompt_id"] and after["tokens"] == before["tokens"]
+    forced = plan | {"rows": 0, "measured": {}}  # plain AR, as if the device had chosen it
+    (out / "_plan.json").write_text(json.dumps(forced))
+    fs.rm(str(out / "shards" / "000001"), recursive=True)
+    fs.rm(str(out / "manifest.parquet"))
+    again = _run(**kw)
+    assert again["decode_plan"]["rows"] == 0 and json.loads((out / "_plan.json").read_text()) == forced
+    _, stats = _committed(str(out))
+    assert set(stats.column("forwards").to_pylist()[4:]) == {256}  # shard 1 decoded as AR: one token a forward
+    assert len(Output(str(out)).committed()) == 2

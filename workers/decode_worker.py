@@ -90,6 +90,7 @@ class DecodeWorker:
         if self.decoding.family.startswith("ssd"):
             load_heads(self.model, self.decoding.heads)
         self.sc = self.decoding.sampling
+        self.plan: dict | None = None  # the run's decode plan (calibrated specs), as the flow sent it
         self.load_s = time.perf_counter() - t0
         self.reported_load = False
         self.where = {"pid": os.getpid(), "node_id": _node_id(), "device": self.device}
@@ -116,14 +117,44 @@ class DecodeWorker:
         images = self.model.decode_images(res.tokens).numpy()
         return res.tokens.cpu().numpy(), images, res.stats
 
-    def decode(self, rows: list[dict]) -> dict:
-        """rows: [{prompt_id, prompt, seed, error[, audit_seed]}] -> {"samples": [...], "busy_s": float,
+    def calibrate(self, rows: list[dict], batch: int) -> dict:
+        """A calibrated spec's plan at `batch` on this actor's device, timed on the rows' prompts
+        (decoders/calibrate.py), and installed here; the flow records it and sends it with every batch."""
+        from decoders import calibrate_spec
+        good = [r for r in rows if not r.get("error") and self._valid(r["prompt"])]
+        if not good:
+            raise ValueError(f"no valid prompt among the first {len(rows)} rows to calibrate "
+                             f"{self.decoding.label} on; put valid prompts first, or set calibrated=false")
+        plan = calibrate_spec(self.decoding, self.model, [r["prompt"] for r in good],
+                              [int(r["seed"]) for r in good], batch).to_dict()
+        self._use_plan(plan)
+        return plan
+
+    def _valid(self, prompt: str) -> bool:
+        try:
+            self.model.validate_prompts([prompt])
+            return True
+        except ValueError:  # an error row later, when its shard decodes
+            return False
+
+    def _use_plan(self, plan: dict | None) -> None:
+        """Decode by the run's plan: the same on every actor, a restarted one and a retry, so a sample's tokens
+        depend on its seed only (without it, a calibrated spec would calibrate on its first batch here)."""
+        if plan is not None and plan != self.plan:
+            from decoders import install_spec_plan
+            install_spec_plan(self.decoding, self.model, plan)
+            self.plan = plan
+
+    def decode(self, rows: list[dict], plan: dict | None = None) -> dict:
+        """rows: [{prompt_id, prompt, seed, error[, audit_seed]}]; plan: the run's decode plan (calibrated specs)
+        -> {"samples": [...], "busy_s": float,
         "audit": [...], "audit_s": float, "load_s": float, "worker": {pid, node_id, device}}; busy_s leaves out
         the audit (see `_audit`). load_s is this incarnation's model load on its first batch, else 0, and
         `worker` says where it ran: the flow needs no extra call per shard to learn either.
 
         Each sample: prompt_id, status ("ok" | "error"), error, image (bytes in the spec's format), width, height, tokens, stats (a flat
         dict, see decoders.stats.SampleStats.to_row), latency_s."""
+        self._use_plan(plan)
         t0 = time.perf_counter()
         out: dict[str, dict] = {}
         good = []

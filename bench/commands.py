@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ssdgen.options import DECODER, DEVICE, DTYPE, MODEL, friendly, model_on, spec_of, specs_of
+from ssdgen.options import DECODER, DEVICE, RUN_DECODER, DTYPE, MODEL, friendly, model_on, spec_of, specs_of
 
 app = typer.Typer()
 
@@ -99,6 +99,43 @@ def fidelity_cmd(decoders: str = typer.Option("sjd,ssd:lossless=true,csd,ssd+csd
     res = fidelity(model_on(model, device, dtype), specs, texts, seeds, batch_size, tolerance, log=typer.echo)
     if json_path:
         json_path.write_text(json.dumps(res, indent=1))
+        typer.echo(f"wrote {json_path}")
+
+
+@app.command("calibrate")
+@friendly
+def calibrate_cmd(decoder: str = RUN_DECODER, batch_sizes: str = typer.Option("1,4,16", help="comma-separated batch sizes"),
+                  json_path: Optional[Path] = typer.Option(None, "--json"), seed: int = 0,
+                  device: str = DEVICE, dtype: str = DTYPE, model: Optional[str] = MODEL):
+    """What a calibrated decoder (calibrated=true, ssd+csd's default) would decide on this device at each batch
+    size, as `generate` decides it once per run (decoders/calibrate.py): the curve's estimates, the timed
+    choices and the rows chosen (0 = plain AR)."""
+    spec = spec_of(decoder)
+    if not spec.calibrated:
+        raise ValueError(f"--decoder {decoder!r} is not calibrated (only ssd and ssd+csd with calibrated=true are)")
+    try:
+        sizes = [int(b) for b in batch_sizes.split(",") if b.strip()]
+    except ValueError:
+        raise ValueError(f"--batch-sizes must be comma-separated integers, got {batch_sizes!r}") from None
+    if not sizes or min(sizes) < 1 or max(sizes) > 1024:
+        raise ValueError(f"--batch-sizes must be integers in 1..1024, got {batch_sizes!r}")
+    from decoders import calibrate_spec
+    from decoders.configs import CALIBRATION_PROMPTS
+    from reference.prompts import eval_prompts
+    m = model_on(model, device, dtype)
+    rows = eval_prompts(max(max(sizes), CALIBRATION_PROMPTS))
+    plans = []
+    for b in sizes:
+        k = max(b, CALIBRATION_PROMPTS)
+        plan = calibrate_spec(spec, m, [r["prompt"] for r in rows[:k]],
+                              [seed * 1_000_003 + r["seed"] for r in rows[:k]], b).to_dict()
+        plans.append(plan)
+        est = ", ".join(f"{r}: {v:.1f}" for r, v in plan["estimates"].items())
+        timed = ", ".join(f"{r}: {v:.3f}" for r, v in plan["measured"].items()) or "none"
+        typer.echo(f"batch {b:>4}: rows {plan['rows']} ({'plain AR' if plan['rows'] == 0 else 'speculate'}); "
+                   f"estimates (tokens/s per sample) {est}; timed (images/s) {timed}; {plan['seconds']:.1f} s")
+    if json_path:
+        json_path.write_text(json.dumps({"decoder": str(spec), "model": m.name, "plans": plans}, indent=1))
         typer.echo(f"wrote {json_path}")
 
 

@@ -29,7 +29,8 @@ import time
 import numpy as np
 import torch
 
-from decoders import load_heads, run
+from decoders import calibrate_spec, install_spec_plan, load_heads, run
+from decoders.configs import CALIBRATION_PROMPTS
 from decoders.sampling import SamplingConfig
 from decoders.spec import DecodeSpec, common_sampling
 
@@ -94,36 +95,57 @@ def _sync(model) -> None:
         torch.cuda.synchronize(dev)
 
 
-def speed_row(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], batch_size: int) -> dict:
-    forwards, committed, latencies, accepted = [], [], [], []
-    batches = 0
-    with ForwardCounter(model) as fc:
-        _sync(model)
-        t0 = time.perf_counter()
-        for i in range(0, len(prompts), batch_size):
-            tb = time.perf_counter()
-            fc.recording = i == 0  # the first batch's forward shapes, for the shape replay
-            res = run(spec, model, prompts[i:i + batch_size], seeds[i:i + batch_size])
-            _sync(model)
-            latencies += [time.perf_counter() - tb] * len(res.stats)  # a sample is done when its batch is
-            forwards += [s.forwards for s in res.stats]
-            committed += [s.tokens_per_forward for s in res.stats]
-            accepted += [s.acceptance_rate for s in res.stats]
-            batches += 1
-        secs = time.perf_counter() - t0
-    return {"decoder": spec.label, "params": dict(spec.params), "batch_size": batch_size, "n": len(prompts),
-            "forwards_per_image": float(np.mean(forwards)), "tokens_per_forward": float(np.mean(committed)),
-            # drafts accepted / drafts verified (nan for ar): the heads' and drafters' quality
-            "acceptance_rate": float(np.nanmean(accepted)) if not np.all(np.isnan(accepted)) else None,
-            "seconds_per_image": secs / len(prompts), "images_per_s": len(prompts) / secs,
-            "latency_p50_s": float(np.percentile(latencies, 50)), "latency_p90_s": float(np.percentile(latencies, 90)),
-            # model calls, for bench.projection (a batch runs as long as its slowest sample): forwards per
-            # batch with the prefill, as forwards_per_image counts it; rows and tokens per step forward
-            "batches": batches, "forwards_per_batch": (fc.prefills + fc.steps) / batches,
-            "rows_per_forward": fc.step_rows / max(1, fc.steps),
-            "tokens_fed_per_forward": fc.step_tokens / max(1, fc.step_rows),
-            "prefill_tokens_per_image": fc.prefill_tokens / len(prompts),
-            "trace": {"batch": min(batch_size, len(prompts)), "forwards": fc.trace}}
+class SpeedTally:
+    """One decoder's timings and counts at one batch size, fed batch by batch: `bench` interleaves the decoders
+    batch by batch, so a slow spell of the machine falls on every decoder alike and the ratios to `ar` hold."""
+
+    def __init__(self, model, spec: DecodeSpec, batch_size: int):
+        self.model, self.spec, self.batch_size = model, spec, batch_size
+        self.fc = ForwardCounter(model)
+        self.forwards, self.committed, self.latencies, self.accepted = [], [], [], []
+        self.batches, self.seconds, self.n = 0, 0.0, 0
+
+    def run_batch(self, prompts: list[str], seeds: list[int]) -> None:
+        with self.fc as fc:
+            fc.recording = self.batches == 0  # the first batch's forward shapes, for the shape replay
+            _sync(self.model)
+            t0 = time.perf_counter()
+            res = run(self.spec, self.model, prompts, seeds)
+            _sync(self.model)
+            secs = time.perf_counter() - t0
+        self.seconds += secs
+        self.latencies += [secs] * len(res.stats)  # a sample is done when its batch is
+        self.forwards += [s.forwards for s in res.stats]
+        self.committed += [s.tokens_per_forward for s in res.stats]
+        self.accepted += [s.acceptance_rate for s in res.stats]
+        self.batches += 1
+        self.n += len(prompts)
+
+    def row(self) -> dict:
+        fc, n, secs, accepted = self.fc, self.n, self.seconds, self.accepted
+        return {"decoder": self.spec.label, "params": dict(self.spec.params), "batch_size": self.batch_size, "n": n,
+                "forwards_per_image": float(np.mean(self.forwards)), "tokens_per_forward": float(np.mean(self.committed)),
+                # drafts accepted / drafts verified (nan for ar): the heads' and drafters' quality
+                "acceptance_rate": float(np.nanmean(accepted)) if not np.all(np.isnan(accepted)) else None,
+                "seconds_per_image": secs / n, "images_per_s": n / secs,
+                "latency_p50_s": float(np.percentile(self.latencies, 50)),
+                "latency_p90_s": float(np.percentile(self.latencies, 90)),
+                # model calls, for bench.projection (a batch runs as long as its slowest sample): forwards per
+                # batch with the prefill, as forwards_per_image counts it; rows and tokens per step forward
+                "batches": self.batches, "forwards_per_batch": (fc.prefills + fc.steps) / self.batches,
+                "rows_per_forward": fc.step_rows / max(1, fc.steps),
+                "tokens_fed_per_forward": fc.step_tokens / max(1, fc.step_rows),
+                "prefill_tokens_per_image": fc.prefill_tokens / n,
+                "trace": {"batch": min(self.batch_size, n), "forwards": fc.trace}}
+
+
+def speed_rows(model, specs: list[DecodeSpec], prompts: list[str], seeds: list[int], batch_size: int) -> list[dict]:
+    """Every spec over every batch of the prompts, interleaved batch by batch (SpeedTally)."""
+    tallies = [SpeedTally(model, spec, batch_size) for spec in specs]
+    for i in range(0, len(prompts), batch_size):
+        for t in tallies:
+            t.run_batch(prompts[i:i + batch_size], seeds[i:i + batch_size])
+    return [t.row() for t in tallies]
 
 
 def model_info(model) -> dict:
@@ -177,9 +199,8 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
           warmup: bool | None = None, quality_decoders: list[DecodeSpec] | None = None, fidelity_n: int = 0,
           tolerance: float = 0.15) -> dict:
     """`warmup` (default: on CUDA only) decodes one prompt per decoder first, untimed (CUDA/cuBLAS start-up).
-    A device-calibrated spec decodes one untimed batch of each size first (`calibration_warmup_s`): what an
-    actor does once in its life (time the cost curve, measure its first rates), so the timed batches are its
-    steady state.
+    A device-calibrated spec is calibrated at each batch size first, as a run is once (`plan_rows`,
+    `calibration_s`, `plan_measured` in its row), so the timed batches decode by that plan.
     `quality_decoders`: the decoder specs to score for quality (default: all); lossless decoders sample AR's
     distribution by construction (tested exactly and statistically), so a run may spend its time elsewhere."""
     from reference.prompts import eval_prompts
@@ -201,11 +222,9 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
         _sync(model)
     rows = []
     for bs in batch_sizes:
-        for spec in decs:
-            warm = _calibrate(model, spec, prompts[:bs], seeds[:bs])
-            row = speed_row(model, spec, prompts, seeds, bs)
-            if warm is not None:
-                row["calibration_warmup_s"] = warm
+        plans = [_calibrate(model, spec, prompts, seeds, bs) for spec in decs]
+        for row, planned in zip(speed_rows(model, decs, prompts, seeds, bs), plans):
+            row |= planned or {}
             row["device_seconds_per_image"] = row["seconds_per_image"] * devices
             row["usd_per_1k_images"] = row["device_seconds_per_image"] * price.on_demand_usd_per_hour / 3.6
             row["usd_per_1k_images_spot"] = (None if price.spot_usd_per_hour is None else
@@ -228,14 +247,15 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
         | ({"samples": samples, "fidelity_n": fidelity_n, "tolerance": tolerance} if fidelity_n else {})
 
 
-def _calibrate(model, spec: DecodeSpec, prompts: list[str], seeds: list[int]) -> float | None:
-    """One untimed batch of a calibrated spec (see `bench`); its seconds, or None for other specs."""
-    if not getattr(spec.config(), "calibrated", False):
+def _calibrate(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], batch: int) -> dict | None:
+    """A calibrated spec's plan at this batch size, decided as a run decides it (decoders/calibrate.py: on the
+    first max(batch, 4) prompts) and installed; for the row. None for other specs."""
+    if not spec.calibrated:
         return None
-    t0 = time.perf_counter()
-    run(spec, model, prompts, seeds)
-    _sync(model)
-    return time.perf_counter() - t0
+    plan = calibrate_spec(spec, model, prompts[:max(batch, CALIBRATION_PROMPTS)],
+                          seeds[:max(batch, CALIBRATION_PROMPTS)], batch)
+    install_spec_plan(spec, model, plan)
+    return {"plan_rows": plan.rows, "calibration_s": plan.seconds, "plan_measured": plan.measured}
 
 
 def _add_quality(model, decs, rows, chosen, n, batch, seed, log) -> None:
@@ -262,15 +282,22 @@ FIDELITY_COLS = ("nll_gap", "nll_gap_ci", "indistinguishable", "within_tolerance
 
 
 def _add_fidelity(model, decs, rows, n, batch, seed, tolerance, log) -> dict | None:
-    """Fidelity columns on every speed row of each decoder; returns the side-by-side samples (or None)."""
-    from bench.fidelity import fidelity
+    """Fidelity columns on every speed row of each decoder; returns the side-by-side samples (or None). A
+    calibrated spec's row gets the fidelity of what its plan decoded at that batch size (`fidelity_of`): one
+    of its choices, or the AR control."""
+    from bench.fidelity import choices, fidelity
     from reference.prompts import eval_prompts
     ev = eval_prompts(n)
     fid = fidelity(model, decs, [r["prompt"] for r in ev], [seed * 1_000_003 + r["seed"] for r in ev],
                    batch, tolerance, log=log, keep_images=8)
     by_label = {r["decoder"]: r for r in fid["rows"]}
+    specs = {s.label: s for s in decs}
     for row in rows:
         f = by_label.get(row["decoder"])
+        if row.get("plan_rows") is not None:
+            r = row["plan_rows"]
+            f = by_label["ar"] if r == 0 else by_label[choices(specs[row["decoder"]])[r].label]
+            row["fidelity_of"] = f["decoder"]
         if f is not None:
             row.update({k: f[k] for k in FIDELITY_COLS} | {"fidelity_n": n})
             if "scene_accuracy" in f and "quality_n" not in row:  # the scorer's verdict on the same samples

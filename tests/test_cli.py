@@ -29,6 +29,8 @@ def run(*args, timeout=300):
     (["bench", "--decoders", "ar:cfg=2,csd"], "must share their sampling"),
     (["sample", "--prompt", GOOD, "--model", "reference:/nonexistent"], "not a model bundle"),
     (["eval", "--n", "0"], "--n must be in 1..1024"),
+    (["calibrate", "--decoder", "csd"], "is not calibrated"),
+    (["calibrate", "--batch-sizes", "0"], "--batch-sizes must be integers in 1..1024"),
     (["sample", "--prompt", GOOD, "--dtype", "fp16"], "fp16 is not supported on the CPU"),
     (["train-heads", "--dtype", "fp64", "--out", "/nonexistent/heads"], "--dtype must be one of"),
     (["generate", "--prompts", "/nonexistent/prompts.parquet"], "/nonexistent/prompts.parquet"),
@@ -57,6 +59,16 @@ def test_sample_writes_a_grid(tmp_path):
     r = run("sample", "--prompt", GOOD, "--n", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert Image.open(out).size == (128, 64)
+
+
+def test_calibrate_says_what_the_device_decides(tmp_path):
+    out = tmp_path / "plans.json"
+    r = run("calibrate", "--decoder", "ssd+csd", "--batch-sizes", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    import json
+    plan = json.loads(out.read_text())["plans"][0]
+    assert plan["batch"] == 1 and plan["rows"] in (0, 1, 2) and set(plan["estimates"]) == {"0", "1", "2"}
+    assert f"batch    1: rows {plan['rows']}" in r.stdout
 
 
 def test_train_heads_trains_both_kinds_from_one_sample_set(tmp_path):

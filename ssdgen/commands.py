@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ssdgen.options import (AUDIT, AUDIT_TOL, DECODER, DEVICE, DTYPE, FORMAT, IMAGE_FORMAT, MODEL, QUALITY,
-                            flow_console, friendly, model_on, spec_of)
+                            RUN_DECODER, flow_console, friendly, model_on, spec_of)
 
 app = typer.Typer()
 
@@ -45,7 +45,7 @@ def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for sever
 @friendly
 def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or glob at any fsspec URL; repeatable"),
              out: str = typer.Option("out/run", help="output URL (local path, s3://, gs://, ...)"),
-             decoder: str = DECODER, model: Optional[str] = MODEL,
+             decoder: str = RUN_DECODER, model: Optional[str] = MODEL,
              shard_size: int = typer.Option(256, help="rows per shard"),
              batch_size: int = typer.Option(16, help="prompts per decoder call"),
              actors: int = typer.Option(2, help="Ray actors (each loads the model once)"),
@@ -91,6 +91,10 @@ def _print_summary(s: dict) -> None:
         typer.echo(f"  {r['metric']:<34} {r['value']}")
     if (w := warning(s.get("audit"))) is not None:
         typer.echo(f"WARNING: {w}", err=True)
+    if (plan := s.get("decode_plan")) is not None:  # a fall-back to plain AR is reported, never silent
+        how = "plain AR (faster on this device at this batch size)" if plan["rows"] == 0 else \
+            f"speculating {plan['rows']} row(s) ahead"
+        typer.echo(f"decode plan (decided once for this run, _plan.json): {how}")
     typer.echo(f"manifest: {s['manifest']}\nsummary:  {s['summary']}")
 
 
@@ -99,7 +103,7 @@ def _print_summary(s: dict) -> None:
 def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or glob; repeatable"),
           out: str = typer.Option(..., help="output URL; `{date}` becomes the run's scheduled date"),
           cron: str = typer.Option("0 2 * * *", help="schedule (cron, UTC)"), name: str = "nightly",
-          decoder: str = DECODER, model: Optional[str] = MODEL, shard_size: int = 256, batch_size: int = 16,
+          decoder: str = RUN_DECODER, model: Optional[str] = MODEL, shard_size: int = 256, batch_size: int = 16,
           actors: int = 2, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
           cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit (see generate)"),
           audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
@@ -142,7 +146,7 @@ def status(url: str = typer.Argument(..., help="a run's output URL")):
 
 @app.command()
 @friendly
-def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: str = DECODER,
+def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: str = RUN_DECODER,
          batch_size: int = 8, actors: int = 2, model: Optional[str] = MODEL):
     """The embedded default job: the bundled example prompts (Parquet) through the Prefect flow on local Ray
     actors into OUT/run, then a grid.png of the committed images."""

@@ -101,6 +101,10 @@ SPEC_HELP = ("decode spec: family[:key=value]..., family one of ar, sjd, csd, ss
              "decoder's parameters, cfg, temperature, top_k, top_p and heads (docs/decoders.md), "
              "e.g. ssd+csd:rows=2:cfg=3")
 DECODER = typer.Option("ar", "--decoder", help=SPEC_HELP)
+# generate, serve and demo default to ssd+csd: within 0.15 nats/token of AR, and on each device and batch size
+# as fast as its calibrated plan makes it (docs/benchmarks.md); plain AR where speculation does not pay
+RUN_DECODER = typer.Option("ssd+csd", "--decoder", help=SPEC_HELP + "; the default ssd+csd decides once per run "
+                           "whether and how far to speculate on this device (_plan.json)")
 CFG = typer.Option(3.0, "--cfg", help="classifier-free guidance scale (1 = off)")
 TOPK = typer.Option(0, "--top-k", help="keep the k most likely tokens (0 = off)")
 MODEL = typer.Option(None, help="model: reference (default), reference:/bundle, janus:/ckpt, "

@@ -130,9 +130,11 @@ def test_cli_output_with_other_settings_one_error_line(tmp_path):
     src = tmp_path / "p.parquet"
     write_parquet(None, src, eval_rows(2))
     out = tmp_path / "run"
-    old = GenerateConfig(prompts=(str(src),), image_format="webp").recorded(list_inputs([str(src)]))
+    from decoders.spec import DecodeSpec
+    old = GenerateConfig(prompts=(str(src),), image_format="webp", decoder=DecodeSpec.parse("ssd+csd")).recorded(
+        list_inputs([str(src)]))  # the CLI's default decoder, so only the image format differs
     Output(str(out)).ensure_config(old)  # an earlier run's settings: webp
     r = _cli("--prompts", str(src), "--out", str(out), "--shard-size", "256", home=tmp_path / "prefect")
-    _assert_one_error_line(r, "other settings", "image_format")
+    _assert_one_error_line(r, "other settings", "(image_format, quality differ", "image_format was 'webp'")
     assert sorted(p.name for p in out.iterdir()) == ["_config.json"]  # nothing committed
     assert json.loads((out / "_config.json").read_text()) == old  # and the old run's settings untouched

@@ -100,7 +100,8 @@ class DecodeWorker:
                 "model": self.model.name, "threads": self.spec.threads}
 
     def take_load_seconds(self) -> float:
-        """This incarnation's model-load time, reported once (so it is charged to exactly one shard)."""
+        """This incarnation's model-load (and calibration) time, reported once (so it is charged to exactly one
+        shard)."""
         if self.reported_load:
             return 0.0
         self.reported_load = True
@@ -119,8 +120,10 @@ class DecodeWorker:
 
     def calibrate(self, rows: list[dict], batch: int) -> dict:
         """A calibrated spec's plan at `batch` on this actor's device, timed on the rows' prompts
-        (decoders/calibrate.py), and installed here; the flow records it and sends it with every batch."""
+        (decoders/calibrate.py), and installed here; the flow records it and sends it with every batch. Its time
+        is a one-time cost like the model load, and is charged with it (`take_load_seconds`)."""
         from decoders import calibrate_spec
+        t0 = time.perf_counter()
         good = [r for r in rows if not r.get("error") and self._valid(r["prompt"])]
         if not good:
             raise ValueError(f"no valid prompt among the first {len(rows)} rows to calibrate "
@@ -128,6 +131,7 @@ class DecodeWorker:
         plan = calibrate_spec(self.decoding, self.model, [r["prompt"] for r in good],
                               [int(r["seed"]) for r in good], batch).to_dict()
         self._use_plan(plan)
+        self.load_s += time.perf_counter() - t0
         return plan
 
     def _valid(self, prompt: str) -> bool:

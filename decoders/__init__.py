@@ -17,7 +17,7 @@ from .configs import (CSD_DEFAULTS, DECODER_NAMES, FAMILIES, SSD_CSD_DEFAULTS, R
                       SJDConfig, SSDConfig, decoder_config)
 from .spec import DecodeSpec
 
-_ENGINE = ("run", "decode", "load_heads", "calibrate_spec", "install_spec_plan")
+_ENGINE = ("run", "decode", "load_heads", "calibrate_spec", "install_spec_plan", "plan_of")
 
 
 def __getattr__(name: str):

@@ -88,6 +88,7 @@ def calibrate(model, cfg: SSDConfig, sc: SamplingConfig, prompts: list[str], see
     """Measure the curve at `batch` and time the plausible choices on `prompts` (module doc); decode_as(prompts,
     seeds, rows) decodes a batch as a choice (ssd.choice_decoder: rows 0 is plain AR)."""
     t0 = time.perf_counter()
+    batch = min(batch, len(prompts))  # a run's first shard may hold fewer prompts than a batch
     W = model.grid[1]
     most = min(64, cfg.rows * W + 1) if cfg.prefix_engine else cfg.max_rows * W  # tokens per sample, at most
     curve = measure_cost_curve(model, prompts[:batch], sc.uses_cfg, most)
@@ -119,20 +120,20 @@ def _sync(model) -> None:
         torch.cuda.synchronize(device)
 
 
-def _key(cfg: SSDConfig, sc: SamplingConfig, heads) -> tuple:
+def plan_key(cfg: SSDConfig, sc: SamplingConfig, heads) -> tuple:
     return cfg, sc, id(heads)  # heads stay loaded on the model object (engine.load_heads), so id is stable
 
 
 def install_plan(model, cfg: SSDConfig, sc: SamplingConfig, heads, plan: Plan) -> None:
     """Decode this config on this model object by `plan` from now on (a run's recorded plan, a bench's)."""
-    model.__dict__.setdefault("_ssd_plans", {})[_key(cfg, sc, heads)] = plan
+    model.__dict__.setdefault("_ssd_plans", {})[plan_key(cfg, sc, heads)] = plan
 
 
 def plan_for(model, cfg: SSDConfig, sc: SamplingConfig, heads, prompts: list[str], seeds: list[int],
              decode_as: Callable) -> Plan:
     """The installed plan, or one calibrated on this first batch and installed: never revised afterwards."""
     plans = model.__dict__.setdefault("_ssd_plans", {})
-    key = _key(cfg, sc, heads)
+    key = plan_key(cfg, sc, heads)
     if key not in plans:
         plans[key] = calibrate(model, cfg, sc, prompts, seeds, len(prompts), decode_as)
     return plans[key]

@@ -4,7 +4,7 @@ model decodes with, loaded once per model object, and a calibrated spec's plan (
 from __future__ import annotations
 
 from .ar import decode_ar
-from .calibrate import Plan, calibrate, install_plan
+from .calibrate import Plan, calibrate, install_plan, plan_key
 from .configs import FAMILIES, SamplingConfig
 from .protocol import ImageTokenModel
 from .sjd import decode_sjd
@@ -45,6 +45,14 @@ def install_spec_plan(spec: DecodeSpec, model, plan: Plan | dict) -> None:
     """Decode `spec` on this model object by `plan` from now on, whatever the batch (a run's recorded plan)."""
     plan = plan if isinstance(plan, Plan) else Plan.from_dict(plan)
     install_plan(model, spec.config(), spec.sampling, load_heads(model, spec.heads), plan)
+
+
+def plan_of(spec: DecodeSpec, model) -> Plan | None:
+    """The plan a calibrated spec decodes by on this model object (installed, or made at its first batch)."""
+    if not spec.calibrated:
+        return None
+    cfg, sc = spec.config(), spec.sampling
+    return model.__dict__.get("_ssd_plans", {}).get(plan_key(cfg, sc, load_heads(model, spec.heads)))
 
 
 def decode(name: str, model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,

@@ -152,9 +152,15 @@ def eval_cmd(decoder: str = DECODER, n: int = 1024, batch_size: int = 64, seed: 
         raise ValueError(f"--n must be in 1..1024 (the eval set has 1,024 prompts), got {n}")
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-    res = evaluate(model_on(model, device, dtype), spec, n, batch_size, seed)
+    m = model_on(model, device, dtype)
+    res = evaluate(m, spec, n, batch_size, seed)
     rep = res["scorer"]
     typer.echo(f"model {res['model']}  decoder {spec}  n {res['n']}  batch {batch_size}  seed {seed}")
+    from decoders import plan_of
+    if (plan := plan_of(spec, m)) is not None:  # a fall-back to plain AR is reported, never silent
+        typer.echo(f"  note: {spec.label} decoded by its calibrated plan: " + (
+            "plain AR (faster on this device at this batch size); calibrated=false scores its speculative path"
+            if plan.rows == 0 else f"{plan.rows} row(s)"))
     for k in ("scene_accuracy", "object_accuracy", "fd", "fd_real_heldout", "fd_tokenizer_floor",
               "forwards_per_image", "seconds_per_image"):
         typer.echo(f"  {k:<22} {res[k]:.4f}")

@@ -104,11 +104,13 @@ def test_a_plan_is_decided_once_so_tokens_depend_on_the_seed_only(tmp_path):
 
 def test_an_installed_plan_is_what_decodes(tmp_path):
     """A run's recorded plan (flows.pipeline) installed on a fresh model object decodes without calibrating."""
-    from decoders import DecodeSpec, install_spec_plan, run
+    from decoders import DecodeSpec, install_spec_plan, plan_of, run
     tiny = tiny_with_heads(tmp_path / "t")
     spec = DecodeSpec.parse("ssd+csd:cfg=3")
     plan = {"rows": 0, "batch": 16, "estimates": {"0": 1.0}, "measured": {}, "cost_curve": {}, "seconds": 0.0}
+    assert plan_of(spec, tiny) is None
     install_spec_plan(spec, tiny, plan)
+    assert plan_of(spec, tiny).rows == 0 and plan_of(DecodeSpec.parse("csd"), tiny) is None
     res = run(spec, tiny, PROMPTS, [0, 1])
     assert torch.equal(res.tokens, decode("ar", tiny, PROMPTS, [0, 1], SAMPLED).tokens)
     assert res.stats[0].extra["plan"] == plan

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from .configs import SSDConfig
-from .cost_curve import best_rows, measure_cost_curve, window_rates
+from .cost_curve import best_rows, measure_cost_curve, sync, window_rates
 from .sampling import SamplingConfig
 
 WORTH_TIMING = 0.5  # time a choice whose estimate is at least this fraction of the best estimate
@@ -103,21 +103,16 @@ def _time_choices(model, prompts, seeds, batch, trial: list[int], decode_as: Cal
     """{choice: images per second}, each choice decoding every batch of `prompts`, interleaved batch by batch so
     that a slow spell of the machine falls on all choices alike."""
     seconds = dict.fromkeys(trial, 0.0)
+    device = torch.device(getattr(model, "device", "cpu"))
     for i in range(0, len(prompts), batch):
         p, s = prompts[i:i + batch], seeds[i:i + batch]
         for r in trial:
-            _sync(model)
+            sync(device)
             t0 = time.perf_counter()
             decode_as(p, s, r)
-            _sync(model)
+            sync(device)
             seconds[r] += time.perf_counter() - t0
     return {str(r): len(prompts) / seconds[r] for r in trial}
-
-
-def _sync(model) -> None:
-    device = torch.device(getattr(model, "device", "cpu"))
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def plan_key(cfg: SSDConfig, sc: SamplingConfig, heads) -> tuple:

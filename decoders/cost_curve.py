@@ -77,7 +77,8 @@ def window_rates(curve: CostCurve, W: int, max_rows: int) -> dict[str, float]:
     return rates
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work, so wall-clock timings cover it (a no-op on a CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -97,10 +98,10 @@ def measure_cost_curve(model, prompts: list[str], use_cfg: bool, max_tokens: int
         model.step(tokens, idx)  # warm-up: allocator, kernels
         times = []
         for _ in range(reps):
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             model.step(tokens, idx)
-            _sync(device)
+            sync(device)
             times.append(time.perf_counter() - t0)
         seconds.append(statistics.median(times))
     return CostCurve(B, tuple(sizes), tuple(seconds))

@@ -269,7 +269,7 @@ def _add_quality(model, decs, rows, chosen, n, batch, seed, log) -> None:
     for spec in decs:
         if chosen is not None and spec not in chosen:
             continue
-        q = evaluate(model, uncapped(spec), n, batch, seed)  # as fidelity measures it (bench/fidelity.py)
+        q = evaluate(model, uncapped(spec), n, batch, seed)  # a calibrated spec at its widest choice (bench/fidelity.py)
         log(f"quality {spec.label:<27}: scene {q['scene_accuracy']:.3f}, object "
             f"{q['object_accuracy']:.3f}, FD {q['fd']:.2f}")
         for row in rows:

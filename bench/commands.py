@@ -8,9 +8,16 @@ from typing import Optional
 
 import typer
 
-from ssdgen.options import DECODER, DEVICE, RUN_DECODER, DTYPE, MODEL, friendly, model_on, spec_of, specs_of
+from ssdgen.options import DECODER, DEVICE, DTYPE, MODEL, RUN_DECODER, friendly, model_on, spec_of, specs_of
 
 app = typer.Typer()
+
+
+def _batch_sizes(text: str) -> list[int]:
+    try:
+        return [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        raise ValueError(f"--batch-sizes must be comma-separated integers, got {text!r}") from None
 
 
 @app.command("bench")
@@ -34,10 +41,7 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
     run. The decoders share one sampling setting (give cfg, temperature, top_k, top_p in each spec)."""
     from bench.decode import bench, check_args, resolve_device
     specs = specs_of(decoders)
-    try:
-        sizes = [int(b) for b in batch_sizes.split(",") if b.strip()]
-    except ValueError:
-        raise ValueError(f"--batch-sizes must be comma-separated integers, got {batch_sizes!r}") from None
+    sizes = _batch_sizes(batch_sizes)
     if not 1 <= n <= 1024 or not 0 <= quality_n <= 1024 or not (fidelity_n == 0 or 2 <= fidelity_n <= 1024):
         raise ValueError(f"--n must be in 1..1024, --quality-n in 0..1024 and --fidelity-n 0 or in 2..1024, "
                          f"got {n}, {quality_n} and {fidelity_n}")
@@ -104,7 +108,8 @@ def fidelity_cmd(decoders: str = typer.Option("sjd,ssd:lossless=true,csd,ssd+csd
 
 @app.command("calibrate")
 @friendly
-def calibrate_cmd(decoder: str = RUN_DECODER, batch_sizes: str = typer.Option("1,4,16", help="comma-separated batch sizes"),
+def calibrate_cmd(decoder: str = RUN_DECODER,
+                  batch_sizes: str = typer.Option("1,4,16", help="comma-separated batch sizes"),
                   json_path: Optional[Path] = typer.Option(None, "--json"), seed: int = 0,
                   device: str = DEVICE, dtype: str = DTYPE, model: Optional[str] = MODEL):
     """What a calibrated decoder (calibrated=true, ssd+csd's default) would decide on this device at each batch
@@ -113,10 +118,7 @@ def calibrate_cmd(decoder: str = RUN_DECODER, batch_sizes: str = typer.Option("1
     spec = spec_of(decoder)
     if not spec.calibrated:
         raise ValueError(f"--decoder {decoder!r} is not calibrated (only ssd and ssd+csd with calibrated=true are)")
-    try:
-        sizes = [int(b) for b in batch_sizes.split(",") if b.strip()]
-    except ValueError:
-        raise ValueError(f"--batch-sizes must be comma-separated integers, got {batch_sizes!r}") from None
+    sizes = _batch_sizes(batch_sizes)
     if not sizes or min(sizes) < 1 or max(sizes) > 1024:
         raise ValueError(f"--batch-sizes must be integers in 1..1024, got {batch_sizes!r}")
     from decoders import calibrate_spec

@@ -126,7 +126,7 @@ CSD_DEFAULTS = {"lam": 2.0, "delta": 0.7}
 CSD_SJD_DEFAULTS = {"coupled": True, "window": 33}
 # ssd+csd: the prefix engine (commit only the verified prefix, carry the rest in a sliding 2-row window), which
 # stays within tolerance where committing whole blocks after r rounds does not (+1.1 nats/token at lam 1); the
-# device's cost curve decides per batch whether the window pays or plain AR is faster (reported in the stats).
+# device decides once per run whether the window holds 1 or 2 rows or plain AR is faster (decoders/calibrate.py).
 SSD_CSD_DEFAULTS = {"commit": "prefix", "adaptive": False, "calibrated": True}
 # A calibrated spec's choices are timed on at least this many prompts (a batch, when that is larger): at batch 1,
 # one prompt's content would decide for a whole run (decoders/calibrate.py).

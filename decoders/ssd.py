@@ -107,13 +107,11 @@ def choice_decoder(model, sc: SamplingConfig, heads: SpatialHeads, cfg: SSDConfi
 def _decode_calibrated(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> DecodeResult:
     """Decode by the model's plan for this config (calibrate.py): its rows, or plain AR; the plan goes into the
     statistics, so a fall-back to AR is reported, never silent."""
-    plan = plan_for(model, cfg, sc, heads, prompts, seeds, choice_decoder(model, sc, heads, cfg))
-    if plan.rows == 0:
-        res = decode_ar(model, prompts, seeds, sc)  # exact, and faster here than speculating
-        fixed = {"rows": 0, "commit": cfg.commit, "block_sizes": [], "rounds_per_block": []}
-    else:
-        res = decode_ssd(model, prompts, seeds, sc, heads, planned(cfg, plan.rows))
-        fixed = {}
+    decode_as = choice_decoder(model, sc, heads, cfg)
+    plan = plan_for(model, cfg, sc, heads, prompts, seeds, decode_as)
+    res = decode_as(prompts, seeds, plan.rows)  # rows 0: plain AR, exact and faster here than speculating
+    # the AR path has none of SSD's own statistics: say what it decoded as
+    fixed = {"rows": 0, "commit": cfg.commit, "block_sizes": [], "rounds_per_block": []} if plan.rows == 0 else {}
     for st in res.stats:
         st.extra |= fixed | {"policy": plan.policy, "rows_cap": plan.rows, "plan": plan.to_dict()}
     return res

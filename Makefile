@@ -2,7 +2,6 @@
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-export RAY_AUTH_MODE := disabled
 export PREFECT_HOME := $(CURDIR)/.prefect_home
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90

@@ -1,13 +1,45 @@
 """The decoders' settings as plain frozen dataclasses, with no torch: a driver that only plans, validates and
-records runs (the Prefect flow) imports these and never loads torch. Each config checks its own fields; the
-family table says which parameters each decoder takes and its defaults; `decoder_config` turns a family's
-flat parameters into its typed config.
+records runs (the Prefect flow) imports these and never loads torch. Each config checks its own fields, their
+declared types first (`check_types`: a bool, an int, a number, one of a str field's CHOICES), then their
+ranges; the family table says which parameters each decoder takes and its defaults; `decoder_config` turns a
+family's flat parameters into its typed config.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, fields
+
+ENTROPY_NORMS = ("support", "vocab", "none")
+INITS = ("random", "repeat-left", "repeat-above")
+COMMITS = ("block", "prefix")
+CHOICES = {"entropy_norm": ENTROPY_NORMS, "init": INITS, "commit": COMMITS}  # the str fields' allowed values
+_KINDS = {"bool": "true or false", "int": "an integer", "float": "a number"}
+
+
+def _is(kind: str, value) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":  # the range checks below take Python ints only; True is not a row count
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return isinstance(value, str)
+
+
+def check_types(config) -> None:
+    """Each field of a config against its declared type (bool, int, float, str with its CHOICES), so a value of
+    the wrong kind fails with one line naming the field, the type and the value, never a TypeError deep in a
+    range check. Annotations are strings here (`from __future__ import annotations`)."""
+    for f in fields(config):
+        kind, value = str(f.type), getattr(config, f.name)
+        if kind not in ("bool", "int", "float", "str"):
+            continue  # a nested config (relax) checks itself
+        if kind == "str" and f.name in CHOICES and value not in CHOICES[f.name]:
+            raise ValueError(f"{f.name} must be one of {', '.join(CHOICES[f.name])}, got {value!r}")
+        if not _is(kind, value):
+            raise ValueError(f"{f.name} must be {_KINDS.get(kind, 'text')}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -20,6 +52,7 @@ class SamplingConfig:
     top_p: float = 1.0  # 1 = off
 
     def __post_init__(self):
+        check_types(self)
         if not math.isfinite(self.cfg_scale) or self.cfg_scale < 0:
             raise ValueError(f"cfg_scale must be a finite number >= 0, got {self.cfg_scale}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -38,9 +71,6 @@ class SamplingConfig:
         return self.temperature == 0
 
 
-ENTROPY_NORMS = ("support", "vocab", "none")
-
-
 @dataclass(frozen=True)
 class Relaxation:
     """CSD's content-aware relaxation. lam = 0 is the standard, lossless rule."""
@@ -50,19 +80,15 @@ class Relaxation:
     entropy_norm: str = "support"
 
     def __post_init__(self):
+        check_types(self)
         if not math.isfinite(self.lam) or self.lam < 0:
             raise ValueError(f"lam (λ) must be >= 0, got {self.lam}")
         if not 0 <= self.delta <= 1:
             raise ValueError(f"delta (δ) must be in [0, 1], got {self.delta}")
-        if self.entropy_norm not in ENTROPY_NORMS:
-            raise ValueError(f"entropy_norm must be one of {ENTROPY_NORMS}, got {self.entropy_norm!r}")
 
     @property
     def active(self) -> bool:
         return self.lam > 0 and self.delta > 0
-
-
-INITS = ("random", "repeat-left", "repeat-above")
 
 
 @dataclass(frozen=True)
@@ -73,10 +99,9 @@ class SJDConfig:
     coupled: bool = False  # Jacobi updates by Gumbel-max with fixed per-position noise (see module doc)
 
     def __post_init__(self):
+        check_types(self)
         if not isinstance(self.window, int) or not 2 <= self.window <= 64:
             raise ValueError(f"window must be an integer in [2, 64], got {self.window}")
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
 
 
 @dataclass(frozen=True)
@@ -93,6 +118,7 @@ class SSDConfig:
     calibrated: bool = False  # cap rows from the device's measured cost curve (decoders/cost_curve.py)
 
     def __post_init__(self):
+        check_types(self)
         if not isinstance(self.rows, int) or not 1 <= self.rows <= 4:
             raise ValueError(f"rows must be an integer in [1, 4], got {self.rows}")
         if not isinstance(self.max_rows, int) or not self.rows <= self.max_rows <= 4:
@@ -101,11 +127,9 @@ class SSDConfig:
             raise ValueError(f"token_budget must be an integer >= 0, got {self.token_budget}")
         if not isinstance(self.rounds, int) or not 0 <= self.rounds <= 8:
             raise ValueError(f"rounds must be an integer in [0, 8], got {self.rounds}")
-        if self.commit not in ("block", "prefix"):
-            raise ValueError(f"commit must be 'block' or 'prefix', got {self.commit!r}")
         if self.lossless and self.relax.active:
-            raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0); commit=prefix with lam > 0 "
-                             "relaxes the prefix engine")
+            raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0; ssd+csd relaxes by default): "
+                             "ssd:lossless=true is the lossless spatial decoder")
         if self.prefix_engine and (self.adaptive or self.token_budget):
             raise ValueError("the prefix engine (lossless or commit=prefix) slides a fixed window of `rows` rows: "
                              "adaptive and token_budget are not supported (set adaptive=false, token_budget=0)")

@@ -43,12 +43,11 @@ class DecodeSpec:
     heads: str | None = None  # SSD heads path (default: the model's own)
 
     def __post_init__(self):
-        if self.family not in DECODER_NAMES:
-            raise ValueError(f"unknown decoder {self.family!r}; choose one of: {', '.join(DECODER_NAMES)}")
         object.__setattr__(self, "params", tuple(sorted(self.params)))
-        if self.heads is not None and not self.family.startswith("ssd"):
-            raise ValueError(f"decoder {self.family!r} takes no heads (only ssd and ssd+csd do)")
-        self.config()  # unknown or invalid parameters fail here, naming the parameter
+        try:
+            _check(self.family, dict(self.params), self.heads)
+        except ValueError as e:  # a Python caller's spec is named by its label (parse names the text given)
+            raise ValueError(f"decoder spec {self.label!r}: {e}") from None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -63,6 +62,8 @@ class DecodeSpec:
             if k in params or k in sampling or (k == "heads" and heads is not None):
                 raise ValueError(f"decoder spec {text!r}: {k!r} given twice")
             if k == "heads":
+                if not v:
+                    raise ValueError(f"decoder spec {text!r}: heads needs a path (heads=PATH)")
                 heads = v
             elif k in SAMPLING_KEYS:
                 sampling[SAMPLING_KEYS[k]] = _number(k, v, text)
@@ -71,6 +72,10 @@ class DecodeSpec:
         try:
             sc = SamplingConfig(**sampling)
         except (TypeError, ValueError) as e:
+            raise ValueError(f"decoder spec {text!r}: {e}") from None
+        try:  # checked here too, so the message quotes the text the user wrote
+            _check(family.strip(), params, heads)
+        except ValueError as e:
             raise ValueError(f"decoder spec {text!r}: {e}") from None
         return cls(family.strip(), tuple(params.items()), sc, heads)
 
@@ -114,6 +119,16 @@ class DecodeSpec:
 
     def with_sampling(self, sampling: SamplingConfig) -> "DecodeSpec":
         return DecodeSpec(self.family, self.params, sampling, self.heads)
+
+
+def _check(family: str, params: dict, heads: str | None) -> None:
+    """The family, its parameters (names, types and ranges: `decoder_config`) and the heads; ValueError naming
+    the key, the expected type and the value."""
+    if family not in DECODER_NAMES:
+        raise ValueError(f"unknown decoder {family!r}; choose one of: {', '.join(DECODER_NAMES)}")
+    if heads is not None and not family.startswith("ssd"):
+        raise ValueError(f"decoder {family!r} takes no heads (only ssd and ssd+csd do)")
+    decoder_config(family, params)
 
 
 def _text(v) -> str:

@@ -27,6 +27,7 @@ incarnation. A shard that sees more than MAX_ACTOR_DEATHS_PER_TRY deaths fails (
 
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
 import math
@@ -45,6 +46,8 @@ from .webdataset_shards import shard_files
 
 
 NOT_TRANSIENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+# a full disk, a quota, a read-only or missing store: retrying the write in a second changes nothing
+PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 MAX_ACTOR_DEATHS_PER_TRY = 3
 WRITE_TRIES = 3  # a failed PUT is retried in place: re-decoding a shard for a storage hiccup wastes the devices
 
@@ -56,6 +59,8 @@ def is_transient(exc: BaseException) -> bool:
         return True
     if isinstance(exc, rx.RayTaskError):  # an exception inside the actor: judge its cause
         return is_transient(exc.cause) if exc.cause is not None else False
+    if isinstance(exc, OSError) and exc.errno in PERMANENT_ERRNOS:
+        return False
     return isinstance(exc, (OSError, TimeoutError, ConnectionError)) and not isinstance(exc, NOT_TRANSIENT)
 
 
@@ -133,8 +138,10 @@ class Dispatcher:
     `done[i]` is set when shard i commits. Start with `start()`, end with `close()`."""
 
     def __init__(self, cfg, files, out: Output, actors: list, done: bytearray, log, restart_wait_s: float,
-                 bar=None, decode_plan: dict | None = None):
-        """decode_plan: a calibrated decoder's plan (flows.pipeline), sent with every batch."""
+                 bar=None, decode_plan: dict | None = None, guard=None):
+        """decode_plan: a calibrated decoder's plan (flows.pipeline), sent with every batch. guard: called before
+        every commit; it raises when the run may no longer commit (its lease was taken over, flows.lease)."""
+        self.guard = guard
         self.cfg, self.files, self.out, self.done = cfg, files, out, done
         self.decode_plan = decode_plan
         self.log, self.bar = log, bar
@@ -178,6 +185,11 @@ class Dispatcher:
             ticket.add()
             self.events.put(("admit", shard, ticket))
 
+    def interrupt(self, exc: BaseException) -> None:
+        """Stop now (Ctrl-C, SIGTERM): every shard alive ends with `exc`, uncommitted; safe from a signal
+        handler (it only queues an event)."""
+        self.events.put(("abort", exc))
+
     def close(self) -> None:
         with self.close_lock:
             self.closed = True
@@ -203,6 +215,9 @@ class Dispatcher:
                 self._dispatch()
             except Exception as e:  # noqa: BLE001 - a bug here must fail the run, not hang it
                 self._abort(e)
+
+    def _on_abort(self, exc: BaseException) -> None:
+        self._abort(exc, quiet=True)
 
     def _on_admit(self, shard: Shard, ticket: Ticket) -> None:
         job = _Job(shard, ticket)
@@ -407,6 +422,8 @@ class Dispatcher:
             files.append(out.write_table(f"{attempt}/{AUDIT_FILE}", audit_t))
         if self.aborted is not None:  # an aborted run commits nothing more, as a crashed driver
             raise self.aborted
+        if self.guard is not None:
+            self.guard()
         marker = marker | {"attempt": attempt.rsplit("/", 1)[-1], "files": files,
                            "finished_at": datetime.now(timezone.utc).isoformat()}
         return marker if out.commit(shard, marker) else None

@@ -82,6 +82,8 @@ def run_groups(ctx: RunContext, pending: int, total: int) -> dict[tuple[int, int
     failed: dict[tuple[int, int], str] = {}
     futures: deque = deque()
     for first, last in group_ranges(ctx.done, size):
+        if ctx.dispatcher.aborted is not None:  # interrupted or broken: no more task runs for shards that cannot run
+            break
         futures.append((first, last, run_shards.submit(first, last, ctx)))
         if len(futures) >= in_flight:
             _collect(*futures.popleft(), failed, progress)

@@ -5,7 +5,8 @@ file's footer, and checks the schema up front so a bad input fails before any GP
 `check_unique_prompt_ids` reads only the `prompt_id` column to reject duplicate ids (ids key outputs
 and resume). Rows without an id or seed get stable derived ones (`derive_prompt_id`, `derive_seed`).
 
-Error messages name the file and never include storage options (they may hold credentials).
+Error messages name the file and never include storage options (they may hold credentials). An unreachable
+storage endpoint is found in seconds and said in one line naming the URL and the endpoint (flows/endpoints.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .endpoints import endpoint_of, is_s3, probe, unreachable
+
 
 class InputError(ValueError):
     """A problem with the inputs that retrying cannot fix; the message names the file (URL)."""
@@ -34,6 +37,7 @@ class InputFile:
     size: int                    # bytes; a different size on resume means the input changed
     has_prompt_id: bool
     has_seed: bool
+    identity: str | None = None  # the content's identity (ETag, version, SHA-256): `with_identities` fills it
 
 
 _GLOB_CHARS = "*?["
@@ -71,6 +75,20 @@ def _reason(exc: BaseException, storage_options: dict | None) -> str:
     for secret in _secrets(storage_options or {}):
         text = text.replace(secret, "***")
     return text if len(text) <= 400 else text[:400] + "..."
+
+
+def _read_error(url: str, exc: BaseException, storage_options: dict | None, fs=None) -> InputError:
+    """`cannot read URL: reason`, or, when the storage endpoint was not reached, one line saying so and where
+    (flows/endpoints.py)."""
+    why = unreachable(exc)
+    if why is None:
+        return InputError(f"cannot read {url}: {_reason(exc, storage_options)}")
+    where = endpoint_of(exc, fs)
+    hint = "; check AWS_ENDPOINT_URL / the endpoint_url setting" if fs is not None and is_s3(fs) else ""
+    text = f"{url}: cannot reach the storage endpoint{f' {where}' if where else ''} ({why}){hint}"
+    for secret in _secrets(storage_options or {}):
+        text = text.replace(secret, "***")
+    return InputError(text)
 
 
 def _url_to_fs(url: str, storage_options: dict | None):
@@ -180,14 +198,14 @@ def _footer(fs, path: str, url: str, size: int, storage_options: dict | None) ->
     try:
         raw = fs.open(path, "rb")
     except Exception as e:
-        raise InputError(f"cannot read {url}: {_reason(e, storage_options)}") from None
+        raise _read_error(url, e, storage_options, fs) from None
     tracked = _Tracked(raw)
     try:
         pf = pq.ParquetFile(tracked)  # reads the footer only
         md, schema = pf.metadata, pf.schema_arrow
     except Exception as e:
         if tracked.error is not None:
-            raise InputError(f"cannot read {url}: {_reason(tracked.error, storage_options)}") from None
+            raise _read_error(url, tracked.error, storage_options, fs) from None
         raise InputError(f"{url}: not a Parquet file ({_reason(e, storage_options)})") from None
     finally:
         raw.close()
@@ -206,17 +224,45 @@ def list_inputs(urls: list[str], storage_options: dict | None = None) -> list[In
     if not urls:
         raise InputError("no input URLs given")
     found: dict[str, tuple] = {}  # file URL -> (fs, path, size)
+    probed: set[int] = set()  # one reachability probe per filesystem (endpoint and credentials)
     for url in urls:
         fs, path = _url_to_fs(url, storage_options)
+        if id(fs) not in probed:  # a wrong endpoint fails here in seconds, not after every retry
+            probed.add(id(fs))
+            if (e := probe(fs, path)) is not None:
+                raise _read_error(url, e, storage_options, fs) from None
         try:
             infos = _expand(fs, path)
         except Exception as e:
-            raise InputError(f"cannot read {url}: {_reason(e, storage_options)}") from None
+            raise _read_error(url, e, storage_options, fs) from None
         if not infos:
             raise InputError(f"{url}: no Parquet files matched")
         for p, info in infos.items():
             found.setdefault(fs.unstrip_protocol(p), (fs, p, int(info.get("size") or 0)))
     return [_footer(fs, p, u, size, storage_options) for u, (fs, p, size) in sorted(found.items())]
+
+
+def with_identities(files: list[InputFile], storage_options: dict | None = None) -> list[InputFile]:
+    """The files with their content identity, so a file edited in place (same size) is noticed on resume:
+    the store's version id or ETag where it gives one (one HEAD, no read), else the SHA-256 of the bytes."""
+    import dataclasses
+    return [dataclasses.replace(f, identity=_identity(f.url, storage_options)) for f in files]
+
+
+def _identity(url: str, storage_options: dict | None) -> str:
+    fs, path = _url_to_fs(url, storage_options)
+    try:
+        info = fs.info(path)
+        for key in ("VersionId", "ETag", "etag", "md5Hash", "crc32c"):
+            if info.get(key) and info[key] != "null":
+                return f"{key.lower()}:{str(info[key]).strip(chr(34))}"
+        h = hashlib.sha256()
+        with fs.open(path, "rb") as f:
+            while chunk := f.read(8 * 2**20):
+                h.update(chunk)
+        return f"sha256:{h.hexdigest()}"
+    except Exception as e:
+        raise InputError(f"cannot read {url}: {_reason(e, storage_options)}") from None
 
 
 def prompt_ids_as_text(column: pa.ChunkedArray) -> pa.ChunkedArray:

@@ -22,9 +22,11 @@ manifest is written from that stream (`write_manifest` takes any iterable of mar
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
+import os
 import posixpath
 import uuid
 from typing import Iterable, Iterator
@@ -35,6 +37,7 @@ import pyarrow.parquet as pq
 
 CONFIG, MANIFEST, SUMMARY, MARKER = "_config.json", "manifest.parquet", "summary.json", "_SUCCESS.json"
 PLAN = "_plan.json"
+DAMAGED = "_DAMAGED"  # a marker whose files failed verification is moved to _DAMAGED-{uuid}.json beside it
 
 # `image` is the struct Hugging Face `datasets` stores its Image feature as ({bytes, path}); with the features
 # in the schema metadata below, `datasets.load_dataset("parquet", ...)` decodes it to a PIL image, while
@@ -91,6 +94,22 @@ class ConfigMismatch(ValueError):
     """The output URL holds a run with other settings: resuming it would mix two runs."""
 
 
+class CorruptMarker(ValueError):
+    """A commit marker that is not the JSON the run wrote (truncated, edited): named, never guessed at."""
+
+
+class StorageError(OSError):
+    """A write or read the store refused (a full disk, no permission, a missing bucket): the message names the
+    URL. It keeps the errno, so a full disk is not retried as if it were a reset connection."""
+
+
+def _storage_error(url: str, exc: OSError) -> StorageError:
+    reason = os.strerror(exc.errno) if exc.errno else (str(exc) or type(exc).__name__)
+    if exc.errno == errno.ENOSPC:
+        reason += " (the disk is full: free space, then run the same command to resume)"
+    return StorageError(exc.errno, f"{url}: {reason}")
+
+
 class Output:
     def __init__(self, url: str):
         self.fs, root = fsspec.core.url_to_fs(url)
@@ -112,42 +131,98 @@ class Output:
         return posixpath.join(self.shard_dir(shard), f"attempt-{uuid.uuid4().hex[:12]}")
 
     # run config -------------------------------------------------------------------------------------
-    def ensure_config(self, config: dict) -> None:
-        """Write the run config, or check that an existing one matches (resume). Raises ConfigMismatch."""
-        p = self.path(CONFIG)
-        if self.fs.exists(p):
-            old = json.loads(self.fs.cat_file(p))
-            diff = [k for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k)]
-            if diff:
-                k = diff[0]
-                # a key one side lacks is an optional setting at its default (see GenerateConfig.recorded)
-                was, now = (repr(d[k]) if k in d else "the default" for d in (old, config))
-                raise ConfigMismatch(f"{self.full_url(p)}: this output holds a run with other settings "
-                                     f"({', '.join(diff)} differ; {k} was {was}, now {now}); "
-                                     "use a new --out, or the same settings to resume")
-            return
-        self.fs.makedirs(self.root, exist_ok=True)
-        self.fs.pipe_file(p, json.dumps(config, indent=1, sort_keys=True).encode())
+    def check_config(self, config: dict, old: dict | None, pinned: bool) -> str | None:
+        """Compare the run's settings with the recorded ones (`old`, from _config.json). Settings are pinned only
+        once a shard has committed (`pinned`): a run that committed nothing may take new ones. Returns the keys
+        that differ (None when they match or nothing was recorded). Raises ConfigMismatch when pinned."""
+        if old is None:
+            return None
+        diff = [k for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k)]
+        if diff and pinned:
+            raise ConfigMismatch(self._mismatch(self.path(CONFIG), old, config, diff))
+        return ", ".join(diff) or None
+
+    def write_config(self, config: dict, replacing: bool) -> None:
+        """Record the settings; when `replacing` another run's (one that committed nothing), its plan goes too:
+        it was measured for the old settings."""
+        if replacing:
+            self.remove(PLAN)
+        self.put(self.path(CONFIG), json.dumps(config, indent=1, sort_keys=True).encode())
+
+    def _mismatch(self, p: str, old: dict, config: dict, diff: list[str]) -> str:
+        changed = _changed_input(old.get("inputs") or [], config.get("inputs") or [])
+        if changed:
+            return (f"{changed}: this input changed since the run at {self.url} started ({CONFIG} recorded other "
+                    "content); resuming would mix old and new prompts. Restore it, use a new --out, or --overwrite")
+        k = diff[0]
+        # a key one side lacks is an optional setting at its default (see GenerateConfig.recorded)
+        was, now = (repr(d[k]) if k in d else "the default" for d in (old, config))
+        return (f"{self.full_url(p)}: this output holds a run with other settings ({', '.join(diff)} differ; "
+                f"{k} was {was}, now {now}); use a new --out, the same settings to resume, or --overwrite")
+
+    def read_json(self, name: str) -> dict | None:
+        """One of the run's JSON files (config, plan, summary), or None when absent; a corrupt one is named."""
+        p = self.path(name)
+        try:
+            data = self.fs.cat_file(p)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise _storage_error(self.full_url(p), e) from None
+        try:
+            return json.loads(data)
+        except ValueError as e:
+            raise CorruptMarker(f"{self.full_url(p)}: not valid JSON ({e}); the file was damaged or edited") from None
 
     def read_config(self) -> dict:
-        p = self.path(CONFIG)
-        if not self.fs.exists(p):
-            raise FileNotFoundError(f"{self.full_url(p)}: no ssdgen run here (no {CONFIG})")
-        return json.loads(self.fs.cat_file(p))
+        conf = self.read_json(CONFIG)
+        if conf is None:
+            raise FileNotFoundError(f"{self.full_url(self.path(CONFIG))}: no ssdgen run here (no {CONFIG})")
+        return conf
 
     def read_plan(self) -> dict | None:
         """The run's decode plan (decoders/calibrate.py), or None before one is made."""
-        p = self.path(PLAN)
-        return json.loads(self.fs.cat_file(p)) if self.fs.exists(p) else None
+        return self.read_json(PLAN)
 
     def write_plan(self, plan: dict) -> None:
         """Record the plan before any shard decodes with it: a resume reads it back instead of re-measuring."""
-        self.fs.pipe_file(self.path(PLAN), json.dumps(plan, indent=1, sort_keys=True).encode())
+        self.put(self.path(PLAN), json.dumps(plan, indent=1, sort_keys=True).encode())
+
+    def remove(self, name: str) -> None:
+        try:
+            self.fs.rm_file(self.path(name))
+        except FileNotFoundError:
+            pass
+
+    def put(self, path: str, data: bytes) -> None:
+        """Replace the file at `path` whole, or leave the old one: a failure (a full disk) never leaves a
+        half-written file where a good one was. Local disks: a temp file beside it, then an atomic rename;
+        object stores: one PUT, which is visible complete or not at all."""
+        self._parent(path)
+        try:
+            if self.protocol not in ("file", "local"):
+                self.fs.pipe_file(path, data)
+                return
+            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        except StorageError:
+            raise
+        except OSError as e:
+            raise _storage_error(self.full_url(path), e) from None
 
     def _parent(self, path: str) -> None:
         """Local file systems need the folder; object stores have no folders (and must not get buckets made)."""
         if self.protocol in ("file", "local"):
-            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            try:
+                self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            except OSError as e:
+                raise _storage_error(self.full_url(posixpath.dirname(path)), e) from None
 
     # data and commit --------------------------------------------------------------------------------
     def write_table(self, path: str, table: pa.Table) -> dict:
@@ -157,19 +232,33 @@ class Output:
         return self.write_bytes(path, buf.getvalue(), table.num_rows)
 
     def write_bytes(self, path: str, data: bytes, rows: int) -> dict:
-        """One PUT of a whole file (visible all at once, or not at all); returns its record for the marker."""
+        """One PUT of a whole file (visible all at once, or not at all); returns its record for the marker: its
+        size, SHA-256 and what the store can check cheaply later (flows.verify): the MD5 an S3 ETag is, and a
+        local file's mtime."""
         self._parent(path)
-        self.fs.pipe_file(path, data)
-        return {"path": posixpath.relpath(path, self.root), "rows": rows, "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest()}
+        try:
+            self.fs.pipe_file(path, data)
+            record = {"path": posixpath.relpath(path, self.root), "rows": rows, "bytes": len(data),
+                      "sha256": hashlib.sha256(data).hexdigest(), "md5": hashlib.md5(data).hexdigest()}
+            if self.protocol in ("file", "local"):
+                record["mtime"] = self.fs.info(path)["mtime"]
+            return record
+        except OSError as e:
+            raise _storage_error(self.full_url(path), e) from None
 
     def commit(self, shard: int, marker: dict) -> bool:
         """Write the shard's marker create-only. False if another attempt committed first."""
         p = posixpath.join(self.shard_dir(shard), MARKER)
-        data = json.dumps(marker, indent=1, sort_keys=True).encode()
+        return self.create(p, json.dumps(marker, indent=1, sort_keys=True).encode())
+
+    def create(self, p: str, data: bytes) -> bool:
+        """Write `data` at `p` create-only, all at once. False if the name exists."""
         self._parent(p)
         if self.protocol in ("file", "local"):
-            return _link_create(p, data)
+            try:
+                return _link_create(p, data)
+            except OSError as e:
+                raise _storage_error(self.full_url(p), e) from None
         try:
             with self.fs.open(p, "xb") as f:
                 f.write(data)
@@ -195,13 +284,32 @@ class Output:
                 flags[i] = 1
         return flags
 
-    def iter_markers(self, chunk: int = 512) -> Iterator[dict]:
-        """The commit markers in shard order, read `chunk` at a time: memory is one chunk, not the run."""
-        paths = self.marker_paths()
+    def iter_markers(self, chunk: int = 512, skip: frozenset = frozenset()) -> Iterator[dict]:
+        """The commit markers in shard order, read `chunk` at a time: memory is one chunk, not the run. Shards in
+        `skip` (found damaged, flows.verify) are left out."""
+        paths = [p for p in self.marker_paths() if _shard_of(p) not in skip]
         for i in range(0, len(paths), chunk):
             data = self.fs.cat(paths[i:i + chunk])
             for p in sorted(data, key=_shard_of):
-                yield json.loads(data[p])
+                yield self.parse_marker(p, data[p])
+
+    def parse_marker(self, path: str, data: bytes) -> dict:
+        try:
+            m = json.loads(data)
+            if not isinstance(m, dict) or not {"shard", "files", "rows", "ok"} <= m.keys():
+                raise ValueError("not a commit marker")
+            return m
+        except ValueError as e:
+            err = CorruptMarker(f"{self.full_url(path)}: corrupt commit marker ({e}); `ssdgen verify "
+                                f"{self.url}` lists the damage, and the same generate re-decodes the shard")
+            err.reason = f"corrupt commit marker ({e})"
+            raise err from None
+
+    def set_aside(self, shard: int) -> None:
+        """Uncommit a damaged shard: its marker moves to _DAMAGED-{uuid}.json (kept for inspection), so the
+        shard counts as pending and the next run re-decodes it; gc then removes the attempt it named."""
+        p = posixpath.join(self.shard_dir(shard), MARKER)
+        self.fs.mv(p, posixpath.join(self.shard_dir(shard), f"{DAMAGED}-{uuid.uuid4().hex[:8]}.json"))
 
     def committed(self) -> dict[int, dict]:
         """shard id -> marker, for every committed shard. Holds them all: for tools and tests, not the flow."""
@@ -219,7 +327,7 @@ class Output:
             if committed is not None:
                 marker = committed.get(shard)
             elif len(dirs) > 1 and self.fs.exists(p := posixpath.join(self.shard_dir(shard), MARKER)):
-                marker = json.loads(self.fs.cat_file(p))
+                marker = self.parse_marker(p, self.fs.cat_file(p))
             else:
                 continue
             if marker is None:
@@ -244,8 +352,7 @@ class Output:
         return w.close()
 
     def write_summary(self, summary: dict) -> str:
-        self._parent(self.path(SUMMARY))
-        self.fs.pipe_file(self.path(SUMMARY), json.dumps(summary, indent=1, sort_keys=True).encode())
+        self.put(self.path(SUMMARY), json.dumps(summary, indent=1, sort_keys=True).encode())
         return self.full_url(self.path(SUMMARY))
 
 
@@ -276,8 +383,7 @@ class ManifestWriter:
             self._flush()
         self.writer.close()
         p = self.out.path(MANIFEST)
-        self.out._parent(p)
-        self.out.fs.pipe_file(p, self.buf.getvalue())
+        self.out.put(p, self.buf.getvalue())
         return self.out.full_url(p)
 
 
@@ -296,6 +402,16 @@ def manifest_row(out: Output, m: dict) -> dict:
     return {"shard": m["shard"], "attempt": m["attempt"], "rows": m["rows"], "ok": m["ok"], "failed": m["failed"],
             "images_url": url("images"), "stats_url": url("stats"), "images_sha256": sha("images"),
             "stats_sha256": sha("stats"), "audit_url": url("audit"), "tar_url": url("tar"), "tar_sha256": sha("tar")}
+
+
+def _changed_input(old: list[dict], new: list[dict]) -> str | None:
+    """The URL of the first input file whose recorded identity (rows, bytes, content) differs, or that is new."""
+    before = {i["url"]: i for i in old}
+    for i in new:
+        if before.get(i["url"]) != i:
+            return i["url"]
+    gone = set(before) - {i["url"] for i in new}
+    return min(gone) if gone else None
 
 
 def file_kind(path: str) -> str:

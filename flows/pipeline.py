@@ -30,12 +30,11 @@ under the target; its rows are committed with their shard, and its cost is a lin
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import datetime, timezone
 
 from decoders.configs import CALIBRATION_PROMPTS
@@ -44,126 +43,24 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from tqdm import tqdm
 
-from .audit import AUDIT_FILE, DEFAULT_TOLERANCE, audit_rows, check_audit
+from .audit import AUDIT_FILE, DEFAULT_TOLERANCE, audit_rows
 from .audit import summarize as audit_summary, warning as audit_warning
 from .cost import Price, cost_table, price_for, run_summary
+from . import cluster
 from .dispatch import Dispatcher
+from .settings import GenerateConfig
 from .groups import RunContext, run_groups
-from .inputs import InputError, InputFile, check_unique_prompt_ids, list_inputs
-from .layout import Output
+from .inputs import InputError, InputFile
+from .interrupts import Interrupted, StopSignals
+from .layout import CONFIG, SUMMARY, Output
+from .lease import LEASE_DIR, Lease
+from .prepare import Prepared, check_output, clear, describe, output_size, prepare
+from .verify import damaged_shards, set_aside
 from .plan import ShardPlan, read_shard
-from .webdataset_shards import check_format
 
 # How long a shard waits for its actor's restart. After a node loss the restart waits for free resources: an
 # autoscaler's new GPU node takes minutes, and until then every call to the actor fails at once.
 ACTOR_RESTART_WAIT_S = float(os.environ.get("SSDGEN_ACTOR_RESTART_WAIT_S", 900))
-
-
-@dataclass(frozen=True)
-class GenerateConfig:
-    """Run settings, parsed at the edge (CLI or flow parameters)."""
-    prompts: tuple[str, ...]
-    out: str = "out"
-    model: str = "reference"
-    decoder: DecodeSpec = field(default_factory=DecodeSpec)  # decoder, its parameters, sampling, heads
-    seed: int = 0
-    shard_size: int = 256
-    batch_size: int = 16
-    actors: int = 2
-    cpus_per_actor: float = 1.0
-    gpus_per_actor: float = 0.0
-    device_type: str = "cpu"
-    ray_address: str | None = None
-    cluster_limit: str | None = None  # a Prefect global concurrency limit; the run holds `cluster_slots` of it
-    audit: float = 0.0  # fraction of prompts also decoded with `ar` to measure the NLL gap (0 = no audit)
-    audit_tolerance: float = DEFAULT_TOLERANCE
-    image_format: str = "png"  # png | webp | jpeg, encoded on the actors (workers.decode_worker.encode_image)
-    quality: int = 90  # webp/jpeg only
-    format: str = "parquet"  # parquet | webdataset | both: the shard's data files (flows/webdataset_shards.py)
-    dtype: str = "auto"  # the model's precision on the actors (models/registry.py; auto: bf16 for HF on a GPU)
-
-    def validate(self) -> Price:
-        from workers.decode_worker import check_image_format
-        from models.registry import check_dtype, check_model_spec
-        if not self.prompts:
-            raise ValueError("--prompts: give at least one Parquet file or prefix")
-        for name in ("shard_size", "batch_size", "actors"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.cpus_per_actor <= 0 or self.gpus_per_actor < 0:
-            raise ValueError("--cpus-per-actor must be > 0 and --gpus-per-actor >= 0")
-        check_model_spec(self.model)
-        check_audit(self.audit, self.audit_tolerance)
-        check_image_format(self.image_format, self.quality)
-        check_format(self.format)
-        check_dtype(self.dtype, on_gpu=self.gpus_per_actor > 0)
-        price = price_for(self.device_type)
-        if price.unit == "gpu" and self.gpus_per_actor <= 0:
-            raise ValueError(f"--device-type {self.device_type} is priced per GPU, but actors get no GPU "
-                             "(set --gpus-per-actor)")
-        if price.unit != "gpu" and self.gpus_per_actor > 0:
-            raise ValueError(f"--device-type {self.device_type} is a CPU type, but actors get GPUs; "
-                             "name the GPU type (e.g. --device-type l4)")
-        return price
-
-    @property
-    def devices_per_actor(self) -> float:
-        return self.gpus_per_actor if self.gpus_per_actor > 0 else self.cpus_per_actor
-
-    @property
-    def cluster_slots(self) -> int:
-        """Slots this run takes from `cluster_limit`: the GPUs its actors hold, rounded up (2 actors at 0.5 GPU
-        take 1), or one per actor when the actors get no GPU."""
-        return max(1, math.ceil(self.actors * self.gpus_per_actor)) if self.gpus_per_actor > 0 else self.actors
-
-    @property
-    def threads(self) -> int:
-        return max(1, int(self.cpus_per_actor))
-
-    def worker_spec(self) -> dict:
-        return {"model": self.model, "decode": self.decoder.to_dict(), "threads": self.threads,
-                "image_format": self.image_format, "quality": self.quality, "dtype": self.dtype}
-
-    def recorded(self, files: list[InputFile]) -> dict:
-        """What `_config.json` holds: everything that decides which images come out. No credentials."""
-        keys = ("model", "seed", "shard_size", "batch_size")
-        # audit keys only when auditing: a run from before the audit existed still resumes without one
-        audit = {"audit": self.audit, "audit_tolerance": self.audit_tolerance} if self.audit > 0 else {}
-        # likewise the encoding only when not png, so a run from before --image-format still resumes; quality
-        # only where it changes the bytes (png ignores it)
-        image = {"image_format": self.image_format, "quality": self.quality} if self.image_format != "png" else {}
-        # and the output format only when not parquet: a resume must not mix shards with and without tars
-        fmt = {"format": self.format} if self.format != "parquet" else {}
-        dtype = {"dtype": self.dtype} if self.dtype != "auto" else {}  # a precision changes the images
-        return {k: getattr(self, k) for k in keys} | {"decoder": str(self.decoder)} | audit | image | fmt | dtype | {
-            "inputs": [{"url": f.url, "rows": f.num_rows, "bytes": f.size} for f in files]}
-
-    @property
-    def audit_label(self) -> str:
-        return self.decoder.label
-
-
-def _start_ray(cfg: GenerateConfig) -> bool:
-    """Attach to a cluster (--ray-address / RAY_ADDRESS) or start a local Ray. True if we started it."""
-    import ray
-    if ray.is_initialized():
-        return False
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(include_dashboard=False, log_to_driver=False,
-                 object_store_memory=int(os.environ.get("SSDGEN_OBJECT_STORE_BYTES", 512 * 2**20)))
-    return True
-
-
-def _stop(actors: list, started_ray: bool) -> None:
-    import ray
-    for a in actors:
-        ray.kill(a, no_restart=True)
-    if started_ray:
-        ray.shutdown()
 
 
 @contextmanager
@@ -202,9 +99,11 @@ def _decode_plan(cfg: GenerateConfig, files: list[InputFile], plan: ShardPlan, o
 def _actors(cfg: GenerateConfig) -> list:
     import ray
     from workers.decode_worker import DecodeWorker
+    # before any actor is requested: one that fits no node would wait forever (flows/cluster.py)
+    n = cluster.actors_to_start(cfg.cpus_per_actor, cfg.gpus_per_actor, cfg.actors)
     cls = ray.remote(DecodeWorker).options(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
                                            max_restarts=-1, max_task_retries=0)
-    actors = [cls.remote(cfg.worker_spec()) for _ in range(cfg.actors)]
+    actors = [cls.remote(cfg.worker_spec()) for _ in range(n)]
     ray.get([a.info.remote() for a in actors])  # wait for the loads; a config error surfaces here, once
     return actors
 
@@ -215,7 +114,7 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
              cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
              ray_address: str | None = None, cluster_limit: str | None = None, audit: float = 0.0,
              audit_tolerance: float = DEFAULT_TOLERANCE, image_format: str = "png", quality: int = 90,
-             format: str = "parquet", dtype: str = "auto", progress: bool = True) -> dict:
+             format: str = "parquet", dtype: str = "auto", progress: bool = True, overwrite: bool = False) -> dict:
     """Generate an image for every prompt row; resumable. `decoder` is a decode spec (decoders/spec.py), e.g.
     `ssd+csd:token_budget=0:cfg=3`, parsed here: the flow is the edge for deployments. `out` may hold `{date}`, filled with the run's
     scheduled date (YYYY-MM-DD), so a scheduled deployment renders into one folder per day. `cluster_limit`
@@ -223,7 +122,8 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
     of per GPU (per actor on CPUs) while its actors exist. `audit` is the fraction of prompts whose NLL gap to
     `ar` is measured (flows/audit.py), `audit_tolerance` the allowed gap. `image_format` (png, webp, jpeg) and
     `quality` (webp/jpeg) choose how the images are encoded, `format` (parquet, webdataset, both) which files
-    a shard holds (flows/webdataset_shards.py), `dtype` the model's precision on the actors (auto, fp32, bf16, fp16)."""
+    a shard holds (flows/webdataset_shards.py), `dtype` the model's precision on the actors (auto, fp32, bf16, fp16).
+    `overwrite` deletes what the output holds first (said in the log)."""
     if "{date}" in out:
         from prefect.runtime import flow_run
         when = flow_run.scheduled_start_time or datetime.now(timezone.utc)
@@ -233,38 +133,48 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
                          gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address,
                          cluster_limit=cluster_limit, audit=audit, audit_tolerance=audit_tolerance,
                          image_format=image_format, quality=quality, format=format, dtype=dtype)
-    return execute(cfg, progress=progress)
+    return execute(cfg, progress=progress, overwrite=overwrite)
 
 
 def _run_pending(cfg: GenerateConfig, files: list[InputFile], out: Output, plan: ShardPlan, done: bytearray,
-                 progress: bool, t0: float) -> dict:
+                 progress: bool, t0: float, lease) -> dict:
     """Run the pending shards (done[i] == 0) on a pool of actors -> {failed shard -> error, startup seconds,
-    images and commits this run, commit latency}."""
+    images and commits this run, commit latency, the signal that interrupted it}. Ctrl-C and SIGTERM stop it
+    as flows.interrupts says; the lease is checked before every commit."""
     log = get_run_logger()
     pending = done.count(0)
     rows = pending * cfg.shard_size - (cfg.shard_size * len(plan) - plan.rows if not done[-1] else 0)
-    with _cluster_slots(cfg):
-        started_ray = _start_ray(cfg)
-        actors, disp = [], None
+
+    def line() -> str:
+        return f"interrupted: {done.count(1)}/{len(done)} shards committed; run the same command to resume"
+
+    disp = None
+    with StopSignals(line) as stop, _cluster_slots(cfg):
+        started_ray = cluster.start(cfg.ray_address)
+        stop.install()  # after Ray's init, which puts its own SIGTERM handler in place
+        actors = []
         try:
             actors = _actors(cfg)
             decode_plan = _decode_plan(cfg, files, plan, out, actors, log)
             startup_s = time.perf_counter() - t0
-            log.info(f"{cfg.actors} actor(s) ready {startup_s:.1f} s after the flow started")
+            log.info(f"{len(actors)} actor(s) ready {startup_s:.1f} s after the flow started")
             bar = tqdm(total=rows, unit="img", desc="generate", disable=not progress, smoothing=0.1)
             # the wait is read now, not at import: tests and operators may change it on the module
             disp = Dispatcher(cfg, files, out, actors, done, log, ACTOR_RESTART_WAIT_S, bar,
-                              decode_plan).start()
+                              decode_plan, guard=lease.check).start()
+            stop.target = disp.interrupt  # from here a signal stops the window, not the main thread
             failed_groups = run_groups(RunContext(plan, done, disp), pending, len(plan))
             bar.close()
         finally:
+            stop.target = lambda exc: None  # a first signal during the clean-up must not cut it short
             if disp is not None:
                 disp.close()
-            _stop(actors, started_ray)
+            cluster.stop(actors, started_ray)
     failed = {i: msg for (first, last), msg in failed_groups.items() for i in range(first, last + 1) if not done[i]}
     return {"failed": failed, "startup_s": startup_s, "images": disp.images, "commits": disp.commits,
             "commit_latency_s": {"mean": disp.write_total / disp.write_n if disp.write_n else None,
-                                 "max": disp.write_max if disp.write_n else None}}
+                                 "max": disp.write_max if disp.write_n else None},
+            "interrupted": stop.interrupted}
 
 
 class _Fold:
@@ -273,15 +183,15 @@ class _Fold:
 
     MAX_ERRORS = 10_000  # distinct error messages kept; the rarest are dropped beyond it
 
-    def __init__(self, out: Output, audit: bool, manifest: bool = True):
-        self.out, self.audit = out, {} if audit else None
+    def __init__(self, out: Output, audit: bool, manifest: bool = True, skip: frozenset = frozenset()):
+        self.out, self.audit, self.skip = out, {} if audit else None, skip
         self.manifest = out.manifest_writer() if manifest else None
         self.errors: Counter = Counter()
         self.wall_s = 0.0
         self.device_types: set = set()
 
     def markers(self):
-        for m in self.out.iter_markers():
+        for m in self.out.iter_markers(skip=self.skip):
             if self.manifest is not None:
                 self.manifest.add(m)
             self.errors.update(m.get("errors", {}))
@@ -309,47 +219,77 @@ def _audit(cfg: GenerateConfig, out: Output, committed: dict, price: Price) -> d
     return a
 
 
-def execute(cfg: GenerateConfig, progress: bool = True) -> dict:
+def execute(cfg: GenerateConfig, progress: bool = True, overwrite: bool = False) -> dict:
+    """The run: checks (flows.prepare), then under the output's lease (flows.lease) the settings are recorded,
+    damaged shards set aside, the pending shards decoded and committed, and the manifest and summary written."""
     log = get_run_logger()
     t0 = time.perf_counter()
-    price = cfg.validate()
-    files = list_inputs(list(cfg.prompts))
-    check_unique_prompt_ids(files)
-    plan = ShardPlan(files, cfg.shard_size)
-    out = Output(cfg.out)
-    out.ensure_config(cfg.recorded(files))
-    done = out.committed_ids(len(plan))
-    pending = done.count(0)
-    log.info(f"{plan.rows} prompts in {len(files)} file(s): {len(plan)} shards, {len(plan) - pending} already "
-             f"committed, {pending} to run")
-    ran = _run_pending(cfg, files, out, plan, done, progress, t0) if pending else \
-        {"failed": {}, "startup_s": 0.0, "images": 0, "commits": 0, "commit_latency_s": None}
+    check_output(cfg)
+    with Lease(Output(cfg.out)) as lease:
+        if overwrite:
+            _overwrite(prepare(cfg, overwrite=True).out, log)
+        prep = prepare(cfg)  # read under the lease: what another driver committed before is seen
+        _record(prep, log)
+        log.info(describe(prep))
+        if not prep.pending and (recorded := prep.out.read_json(SUMMARY)) is not None:
+            # the run's totals stay as they are
+            return recorded | {"shards_run_now": 0, "nothing_to_do": True,
+                               "summary": prep.out.full_url(prep.out.path(SUMMARY))}
+        ran = _run_pending(cfg, prep.files, prep.out, prep.plan, prep.done, progress, t0, lease) if prep.pending \
+            else {"failed": {}, "startup_s": 0.0, "images": 0, "commits": 0, "commit_latency_s": None}
+        summary = _summarize(cfg, prep, ran, time.perf_counter() - t0)
     failed = ran["failed"]
-    removed = out.gc()
-    wall = time.perf_counter() - t0
-    fold = _Fold(out, audit=cfg.audit > 0)
-    summary = run_summary(fold.markers(), price, wall)
-    manifest = fold.manifest.close()
-    # cost covers every committed shard; speed only this run's own work against this run's wall time
-    summary["images_this_run"] = ran["images"]
-    summary["images_per_s"] = summary["images_this_run"] / wall if wall > 0 else None
-    # startup (plan, Ray, actors, model loads) is paid once per run; steady state is what a long run sees
-    summary["startup_s"] = startup_s = ran["startup_s"]
-    steady = wall - startup_s
-    summary["images_per_s_steady"] = summary["images_this_run"] / steady if pending and steady > 0 else None
-    summary |= {"out": out.url, "shards_total": len(plan), "shards_committed": summary["shards"],
-                "shards_run_now": pending - len(failed), "shards_failed": {str(k): v for k, v in failed.items()},
-                "attempts_removed": removed, "decoder": str(cfg.decoder), "model": cfg.model,
-                "batch_size": cfg.batch_size, "image_format": cfg.image_format, "format": cfg.format, "actors": cfg.actors, "device_type": cfg.device_type,
-                "commit_latency_s": ran["commit_latency_s"], "audit": _audit(cfg, out, fold.audit, price),
-                "decode_plan": _plan_summary(out.read_plan()),
-                "manifest": manifest, "finished_at": datetime.now(timezone.utc).isoformat()}
-    summary["summary"] = out.write_summary(summary)
-    _artifacts(summary, fold.errors)
+    if (stopped := ran.get("interrupted")) is not None:
+        raise stopped
     if failed:
         first = min(failed)
         raise RuntimeError(f"{len(failed)} shard(s) failed (first: shard {first}: {failed[first]}); "
-                           f"{summary['shards']}/{len(plan)} committed; run again to resume")
+                           f"{summary['shards']}/{len(prep.plan)} committed; run again to resume")
+    return summary
+
+
+def _overwrite(out: Output, log) -> None:
+    files, size = output_size(out)
+    log.warning(f"--overwrite: deleting the run at {out.url} ({files} files, {size / 2**20:.1f} MiB)")
+    clear(out, keep=LEASE_DIR)
+
+
+def _record(prep: Prepared, log) -> None:
+    """Pin the settings (a run that committed nothing takes new ones, said in the log) and set damaged shards
+    aside, so this run re-decodes them."""
+    if prep.changed:
+        log.warning(f"{prep.out.url}: no shard was committed with the recorded settings; taking the new ones "
+                    f"({prep.changed} differ)")
+    if prep.changed or prep.out.read_json(CONFIG) is None:
+        prep.out.write_config(prep.cfg.recorded(prep.files), replacing=bool(prep.changed))
+    set_aside(prep.out, prep.damaged, log)
+
+
+def _summarize(cfg: GenerateConfig, prep: Prepared, ran: dict, wall: float) -> dict:
+    """manifest.parquet and summary.json from the markers: cost over every committed shard, speed over this
+    run's own work and wall time (each images/s labelled by what it divides)."""
+    out, plan, failed = prep.out, prep.plan, ran["failed"]
+    removed = out.gc()
+    fold = _Fold(out, audit=cfg.audit > 0)
+    summary = run_summary(fold.markers(), prep.price, wall)
+    manifest = fold.manifest.close()
+    summary["images_this_run"] = ran["images"]
+    summary["images_per_s"] = ran["images"] / wall if wall > 0 else None
+    # startup (plan, Ray, actors, model loads) is paid once per run; steady state is what a long run sees
+    summary["startup_s"] = startup_s = ran["startup_s"]
+    steady = wall - startup_s
+    summary["images_per_s_steady"] = ran["images"] / steady if ran["commits"] and steady > 0 else None
+    summary |= {"out": out.url, "shards_total": len(plan), "shards_committed": summary["shards"],
+                "shards_run_now": ran["commits"], "shards_failed": {str(k): v for k, v in failed.items()},
+                "shards_redecoded": [d.shard for d in prep.damaged],
+                "attempts_removed": removed, "decoder": str(cfg.decoder), "model": cfg.model,
+                "batch_size": cfg.batch_size, "image_format": cfg.image_format, "format": cfg.format,
+                "actors": cfg.actors, "device_type": cfg.device_type,
+                "commit_latency_s": ran["commit_latency_s"], "audit": _audit(cfg, out, fold.audit, prep.price),
+                "decode_plan": _plan_summary(out.read_plan()), "interrupted": ran.get("interrupted") is not None,
+                "manifest": manifest, "finished_at": datetime.now(timezone.utc).isoformat()}
+    summary["summary"] = out.write_summary(summary)
+    _artifacts(summary, fold.errors)
     return summary
 
 
@@ -369,33 +309,49 @@ def _artifacts(summary: dict, errors: Counter) -> None:
                              description="Per-sample errors in committed shards")
 
 
-def run_status(url: str) -> dict:
-    """Shards done, pending and failed, the cost and the audit so far, from the markers (no Prefect, no Ray)."""
-    import json
+def run_status(url: str, deep: bool = False) -> dict:
+    """Shards done, pending, failed and damaged, the cost, the audit and the decode plan so far, from the
+    markers (no Prefect, no Ray). Every committed file is checked cheaply (sizes, ETags), or read back and
+    hashed with `deep`."""
     out = Output(url)
     conf = out.read_config()
     total_rows = sum(i["rows"] for i in conf["inputs"])
     n_shards = -(-total_rows // conf["shard_size"])
     done = out.committed_ids(n_shards)
-    failed = {}
-    if out.fs.exists(out.path("summary.json")):
-        failed = {int(k): v for k, v in json.loads(out.fs.cat_file(out.path("summary.json")))
-                  .get("shards_failed", {}).items() if int(k) < n_shards and not done[int(k)]}
-    fold = _Fold(out, audit=bool(conf.get("audit")), manifest=False)
+    damaged = [d for d in damaged_shards(out, deep=deep) if d.shard < n_shards]
+    for d in damaged:
+        done[d.shard] = 0
+    recorded = out.read_json(SUMMARY) or {}
+    failed = {int(k): v for k, v in recorded.get("shards_failed", {}).items() if int(k) < n_shards and not done[int(k)]}
+    bad = frozenset(d.shard for d in damaged)
+    fold = _Fold(out, audit=bool(conf.get("audit")), manifest=False, skip=bad)
     ok = n_failed = 0
     for m in fold.markers():
         ok, n_failed = ok + m["ok"], n_failed + m["failed"]
     cost = price = None
     if len(fold.device_types) == 1:  # a second pass, only for a run on one device type
         price = price_for(fold.device_types.pop())
-        cost = run_summary(out.iter_markers(), price, wall_s=fold.wall_s)
+        cost = run_summary(out.iter_markers(skip=bad), price, wall_s=fold.wall_s)
     audit = None
     if conf.get("audit"):
         audit = audit_summary(out, fold.audit, conf["audit"], conf.get("audit_tolerance", DEFAULT_TOLERANCE), price)
     committed = done.count(1)
     return {"out": url, "shards_total": n_shards, "shards_done": committed, "shards_failed": failed,
             "shards_pending": n_shards - committed - len(failed), "images_ok": ok, "images_failed": n_failed,
-            "cost": cost, "audit": audit}
+            "damaged": damaged, "cost": cost, "audit": audit, "decode_plan": _plan_summary(out.read_plan())}
 
 
-__all__ = ["GenerateConfig", "generate", "execute", "run_status", "InputError"]
+def plan_words(plan: dict | None) -> str | None:
+    """What a calibrated decoder's plan decided, in words (console, status, report); None without a plan."""
+    if plan is None:
+        return None
+    at = f" at batch {plan['batch']}" if plan.get("batch") else ""
+    timed = plan.get("measured") or {}
+    why = ", ".join(f"{'plain AR' if k == '0' else k + ' row(s)'} {v:.2f}" for k, v in sorted(timed.items())) \
+        + " images/s" if timed else "the cost curve left one choice, not timed"
+    if int(plan["rows"]) == 0:
+        return f"decoded as plain AR: faster on this device{at} ({why})"
+    return f"speculating {plan['rows']} row(s) ahead: the fastest choice on this device{at} ({why})"
+
+
+__all__ = ["GenerateConfig", "generate", "execute", "run_status", "plan_words", "InputError", "Interrupted"]

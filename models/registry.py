@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .checkpoints import check_checkpoint, check_heads_path
+
 HF_KINDS = ("janus", "emu3", "chameleon")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 OPTIONS = {"reference": (), "janus": (), "emu3": ("grid", "image_area"), "chameleon": ("grid",)}
@@ -125,7 +127,12 @@ def load_model(spec: str | ModelSpec | None, device: str = "cpu", dtype: str = "
     return ADAPTERS[ms.kind].from_pretrained(ms.path, device=device, dtype=torch_dtype, **ms.options())
 
 
-def check_model_spec(spec: str | None) -> None:
-    """Reject a malformed spec, naming the bad field, before any actor starts (the path itself is checked
-    where it loads)."""
-    ModelSpec.parse(spec)
+def check_model_spec(spec: str | None, decoder=None) -> None:
+    """Before any actor starts, reject a malformed spec (naming the bad field) and a checkpoint path that is
+    missing or not what its loader opens; with `decoder` (a DecodeSpec), also the SSD heads an ssd family will
+    load. One line naming the path and the spec; nothing is loaded (models/checkpoints.py)."""
+    ms = ModelSpec.parse(spec)
+    text = spec or "reference"
+    check_checkpoint(ms.kind, ms.path, text)
+    if decoder is not None and decoder.family.startswith("ssd"):
+        check_heads_path(decoder.heads, ms.kind, ms.path, text, decoder.label)

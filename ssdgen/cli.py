@@ -21,8 +21,10 @@ for group in (run_commands, bench_commands, reference_commands):
 
 
 def main():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    app()
+    # Prefect's temporary server would send usage telemetry and, with two runs at once on one machine, log
+    # its database-lock tracebacks from that heartbeat on the user's console; the user may turn it back on
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    app()  # no RAY_AUTH_MODE here: only the loopback-only local Ray runs without auth (flows/cluster.py)
 
 
 if __name__ == "__main__":

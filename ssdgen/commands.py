@@ -1,4 +1,4 @@
-"""The pipeline's commands: sample, generate, serve, status, export, demo and report."""
+"""The pipeline's commands: sample, generate, serve, status, verify, export, demo and report."""
 
 from __future__ import annotations
 
@@ -60,26 +60,43 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
              audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
              image_format: str = IMAGE_FORMAT, quality: int = QUALITY, output_format: str = FORMAT,
              dtype: str = DTYPE,
+             overwrite: bool = typer.Option(False, help="delete what --out holds first (the command says what)"),
              progress: bool = typer.Option(True, help="show a progress bar")):
     """Generate images for Parquet prompts with a Prefect flow on Ray actors; resumable (run it again)."""
-    from flows.inputs import list_inputs
-    from flows.pipeline import GenerateConfig, generate as flow
-    spec = spec_of(decoder)
-    # the flow validates again (deployments call it directly); here it fails fast, before Prefect starts
-    GenerateConfig(prompts=tuple(prompts), out=out, model=model or "reference", decoder=spec,
-                   shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
-                   gpus_per_actor=gpus_per_actor, device_type=device_type, audit=audit,
-                   audit_tolerance=audit_tolerance, image_format=image_format, quality=quality,
-                   format=output_format, dtype=dtype).validate()
-    list_inputs(list(prompts))
+    from flows.settings import GenerateConfig
+    cfg = GenerateConfig(prompts=tuple(prompts), out=out, model=model or "reference", decoder=spec_of(decoder),
+                         seed=seed, shard_size=shard_size, batch_size=batch_size, actors=actors,
+                         cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor, device_type=device_type,
+                         ray_address=ray_address, cluster_limit=cluster_limit, audit=audit,
+                         audit_tolerance=audit_tolerance, image_format=image_format, quality=quality,
+                         format=output_format, dtype=dtype)
+    _run(cfg, overwrite, progress)
+
+
+def _run(cfg, overwrite: bool, progress: bool) -> None:
+    """Check everything before Prefect or Ray start (flows.prepare); end at once when nothing is left to do;
+    else run the flow and print its summary."""
+    from flows.prepare import output_size, prepare
+    prep = prepare(cfg, overwrite)
+    if overwrite and (found := output_size(prep.out))[0]:
+        typer.echo(f"--overwrite: deleting the run at {prep.out.url} ({found[0]} files, "
+                   f"{found[1] / 2**20:.1f} MiB) before starting")
+    elif not overwrite and not prep.pending:
+        return _nothing_to_do(prep)
+    from flows.pipeline import generate as flow
     with flow_console():
-        summary = flow(prompts=prompts, out=out, model=model or "reference", decoder=str(spec), seed=seed,
-                       shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
-                       gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address,
-                       cluster_limit=cluster_limit, audit=audit, audit_tolerance=audit_tolerance,
-                       image_format=image_format, quality=quality, format=output_format, dtype=dtype,
-                       progress=progress)
+        summary = flow(**cfg.parameters(), progress=progress, overwrite=overwrite)
     _print_summary(summary)
+
+
+def _nothing_to_do(prep) -> None:
+    """Every shard is committed and passed the check: say so and show the run's recorded totals, unchanged."""
+    from flows.layout import SUMMARY
+    typer.echo(f"nothing to do: all {len(prep.plan)} shards of {prep.out.url} are committed and their files "
+               "check out (ssdgen verify reads them all back)")
+    if (recorded := prep.out.read_json(SUMMARY)) is not None:
+        typer.echo("the run's recorded totals (summary.json, unchanged):")
+        _print_summary(recorded | {"summary": prep.out.full_url(prep.out.path(SUMMARY))})
 
 
 def _print_summary(s: dict) -> None:
@@ -91,10 +108,11 @@ def _print_summary(s: dict) -> None:
         typer.echo(f"  {r['metric']:<34} {r['value']}")
     if (w := warning(s.get("audit"))) is not None:
         typer.echo(f"WARNING: {w}", err=True)
-    if (plan := s.get("decode_plan")) is not None:  # a fall-back to plain AR is reported, never silent
-        how = "plain AR (faster on this device at this batch size)" if plan["rows"] == 0 else \
-            f"speculating {plan['rows']} row(s) ahead"
+    from flows.pipeline import plan_words
+    if (how := plan_words(s.get("decode_plan"))) is not None:  # a fall-back to plain AR is said, never silent
         typer.echo(f"decode plan (decided once for this run, _plan.json): {how}")
+    if s.get("shards_redecoded"):
+        typer.echo(f"re-decoded {len(s['shards_redecoded'])} damaged shard(s): {s['shards_redecoded'][:20]}")
     typer.echo(f"manifest: {s['manifest']}\nsummary:  {s['summary']}")
 
 
@@ -119,19 +137,38 @@ def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or g
               "format": output_format, "dtype": dtype}
     # every setting checked now, as generate checks them, not at 2 a.m. when the first scheduled run starts
     GenerateConfig(**(params | {"prompts": tuple(prompts), "decoder": spec})).validate()
+    # Prefect's own test before its "Cannot schedule flows on an ephemeral server" warning (Runner.add_flow):
+    # without an API URL the schedule lives in a temporary API that has no scheduler, so it would never fire
+    from prefect.settings import PREFECT_API_URL
+    from prefect.client.orchestration import get_client
+    if not (api := PREFECT_API_URL.value()):
+        raise RuntimeError("a schedule needs a Prefect server: run 'prefect server start' and set "
+                           "PREFECT_API_URL=http://127.0.0.1:4200/api (ssdgen serve would otherwise serve a "
+                           "cron that never fires)")
+    with get_client(sync_client=True) as client:
+        if (exc := client.api_healthcheck()) is not None:
+            why = type(exc).__name__ + "".join(f": {line}" for line in str(exc).splitlines()[:1])  # one line
+            raise RuntimeError(f"the Prefect API at PREFECT_API_URL={api} does not answer ({why}); start it with "
+                               "'prefect server start'")
     flow.serve(name=name, cron=cron, parameters=params | {"progress": False})
 
 
 @app.command()
 @friendly
-def status(url: str = typer.Argument(..., help="a run's output URL")):
-    """Shards done, pending and failed, and the cost so far."""
-    from flows.pipeline import run_status
-    st = run_status(url)
+def status(url: str = typer.Argument(..., help="a run's output URL"),
+           verify: bool = typer.Option(False, "--verify", help="read every committed file back and check its "
+                                                               "SHA-256 (default: sizes and ETags only)")):
+    """Shards done, pending, failed and damaged, the decode plan, and the cost so far."""
+    from flows.pipeline import plan_words, run_status
+    st = run_status(url, deep=verify)
     typer.echo(f"{url}: {st['shards_done']} done, {st['shards_pending']} pending, {len(st['shards_failed'])} failed "
                f"of {st['shards_total']} shards; images ok {st['images_ok']}, failed {st['images_failed']}")
     for k, v in st["shards_failed"].items():
         typer.echo(f"  failed shard {k}: {v}")
+    for d in st["damaged"]:
+        typer.echo(f"  damaged: {d} (counted as pending: the same generate re-decodes it)")
+    if (how := plan_words(st["decode_plan"])) is not None:
+        typer.echo(f"  decode plan: {how}")
     if st["cost"]:
         c = st["cost"]
         typer.echo(f"  cost so far: ${c['usd_on_demand']:.4f} on demand"
@@ -142,6 +179,23 @@ def status(url: str = typer.Argument(..., help="a run's output URL")):
         typer.echo(f"  {r['metric']:<34} {r['value']}")
     if (w := warning(st["audit"])) is not None:
         typer.echo(f"WARNING: {w}", err=True)
+
+
+@app.command("verify")
+@friendly
+def verify_cmd(url: str = typer.Argument(..., help="a run's output URL"),
+               quick: bool = typer.Option(False, help="sizes and ETags only, without reading the files back")):
+    """Check every committed file against its commit marker (size and SHA-256); exit 1 if any is damaged."""
+    from flows.verify import verify
+    r = verify(url, deep=not quick)
+    for d in r["damaged"]:
+        typer.echo(f"damaged: {d}")
+    how = "sizes and ETags" if quick else "size and SHA-256 of every file"
+    if r["damaged"]:
+        typer.echo(f"{len(r['damaged'])} of {r['shards']} committed shards damaged ({how}); run the same "
+                   "`ssdgen generate` to re-decode them", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"ok: {r['shards']} committed shards checked ({how})")
 
 
 @app.command()

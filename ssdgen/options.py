@@ -16,17 +16,30 @@ from typing import Optional
 import typer
 
 
-USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, KeyError)
+# OSError: a store that refuses a write or read (a full disk, a missing bucket) is named by its URL
+USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, KeyError, OSError)
 
 
 def friendly(fn):
-    """Turn user-facing exceptions into `error: ...` and exit code 2."""
+    """Turn user-facing exceptions into `error: ...` and exit code 2; a run stopped by Ctrl-C or SIGTERM into
+    its `interrupted: ...` line and exit code 128 + the signal (flows/interrupts.py)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from flows.interrupts import Interrupted
         try:
             return fn(*args, **kwargs)
+        except typer.Exit:  # click's Exit is a RuntimeError: a command's own exit code passes through
+            raise
+        except Interrupted as e:
+            typer.echo(f"\n{e}", err=True)
+            raise typer.Exit(128 + int(e.signum))
+        except KeyboardInterrupt:  # before the run started: nothing was written
+            typer.echo("\ninterrupted before the run started; nothing was committed", err=True)
+            raise typer.Exit(130)
         except USER_ERRORS as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+            if isinstance(e, OSError) and e.strerror:  # "[Errno 28] ..." is for programs, not people
+                msg = e.strerror if e.filename is None else f"{e.filename}: {e.strerror}"
             typer.echo(f"error: {msg}", err=True)
             raise typer.Exit(2)
     return wrapper
@@ -53,6 +66,7 @@ def flow_console():
     quiet = _QuietUserErrors()
     for h in handlers:
         h.addFilter(quiet)
+    _start_prefect_server()
     try:
         yield
     except USER_ERRORS:
@@ -61,6 +75,26 @@ def flow_console():
     finally:
         for h in handlers:
             h.removeFilter(quiet)
+
+
+def _start_prefect_server() -> None:
+    """Start Prefect's temporary API server (no API URL configured) now, with SIGINT blocked, so that the server
+    process inherits a blocked SIGINT: a Ctrl-C in the terminal reaches every process of the foreground group,
+    and a server that died of it would leave the stopping run without its API (httpx.ConnectError, a hang).
+    The run stops it itself (SIGTERM, at exit). A configured API is left alone."""
+    import signal
+    import threading
+    from prefect.settings import get_current_settings
+    settings = get_current_settings()
+    if settings.api.url or not settings.server.ephemeral.enabled or \
+            threading.current_thread() is not threading.main_thread():
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        SubprocessASGIServer().start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _stop_prefect_server() -> None:

@@ -4,6 +4,10 @@ import os
 
 import pytest
 
+# Every Ray the tests start is on this machine and listens on 127.0.0.1 only: Ray's single-machine mode is on
+# before any test imports ray (flows/cluster.py explains the switch), for ray.init, ray.cluster_utils (the
+# multi-node tests) and the subprocesses' own Rays alike. That is why, and the only case where, auth is off.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
@@ -72,9 +76,65 @@ def s3(s3_endpoint):
 
 @pytest.fixture
 def local_ray():
-    """A real local Ray with fixed resources (2 CPUs) and a small object store. Started once and kept up;
-    started again if a test (the multi-node ones) shut it down to connect to another cluster."""
+    """A real local Ray with fixed resources (2 CPUs) and a small object store, on 127.0.0.1 only and without
+    auth, as a local run starts it (flows.cluster.start_local). Started once and kept up; started again if a
+    test (the multi-node ones) shut it down to connect to another cluster."""
     import ray
+    from flows.cluster import start_local
     if not ray.is_initialized():
-        ray.init(num_cpus=2, object_store_memory=256 * 2**20, include_dashboard=False, log_to_driver=False)
+        start_local(num_cpus=2, object_store_memory=256 * 2**20)
     yield ray
+
+
+@pytest.fixture
+def prefect_scheduler_server(tmp_path):
+    """A real `prefect server start` on 127.0.0.1, with its scheduler: the test harness's server runs as an
+    ephemeral one (PREFECT__SERVER_EPHEMERAL), which starts no scheduler, so cron schedules never create runs
+    there. The scheduler loops every second and services a scheduled run does not need are off, to stay light
+    on a small machine. Yields the API URL (for PREFECT_API_URL)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_", "PREFECT_SERVER_DATABASE"))}
+    env |= {"PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "true",
+            "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5",
+            "PREFECT_SERVER_SERVICES_SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS": "1"}
+    for service in ("CANCELLATION_CLEANUP", "FOREMAN", "LATE_RUNS", "PAUSE_EXPIRATIONS", "REPOSSESSOR", "TRIGGERS"):
+        env[f"PREFECT_SERVER_SERVICES_{service}_ENABLED"] = "false"
+    log = open(tmp_path / "prefect-server.log", "wb")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port), "--no-ui"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "prefect-server.log").read_text(errors="replace")[-3000:]
+            time.sleep(0.5)
+        yield url
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=15)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        log.close()

@@ -2,7 +2,8 @@
 fixture): `ssdgen serve` as a long-running deployment, infra/prefect.yaml deployed with `prefect deploy` and
 run by a process worker, each triggered with a run request (`run_deployment`) and checked by its committed
 output; and the `cluster_limit` parameter, which holds slots of a Prefect global concurrency limit while a
-run has actors."""
+run has actors. A cron schedule fires only on a server with a scheduler, which the test server is not: that
+test runs `prefect server start` (the `prefect_scheduler_server` fixture)."""
 
 import os
 import signal
@@ -135,6 +136,78 @@ def test_ssdgen_serve_deployment_runs_on_request(tmp_path):
             assert c.read_global_concurrency_limit_by_name("ssdgen-test-serve").active_slots == 0
     finally:
         proc.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_ssdgen_serve_cron_fires_on_a_prefect_server(tmp_path, prefect_scheduler_server):
+    """The README's `ssdgen serve --cron`, every minute, against a real `prefect server start`: the server's
+    scheduler creates the run, the serving process starts it at the minute, it commits `{date}`'s folder,
+    and the process stops on SIGTERM without a traceback. No run is requested by hand."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    src = tmp_path / "prompts.parquet"
+    expected = _write_prompts(src, 4)
+    out = tmp_path / "renders" / "{date}"
+    env = _env(PREFECT_API_URL=prefect_scheduler_server, PREFECT_HOME=str(tmp_path / "prefect-home"))
+    proc = Background([str(BIN / "ssdgen"), "serve", "--prompts", str(src), "--out", str(out), "--cron", "* * * * *",
+                       "--name", "test-cron", "--decoder", "ar", "--actors", "1", "--shard-size", "4",
+                       "--batch-size", "4"], env, tmp_path / "serve.log")
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: prefect_scheduler_server}):
+            dep = _wait_for_deployment("ssdgen-generate/test-cron", proc)
+            deadline = time.monotonic() + 150  # the next minute boundary, then one small run
+            with get_client(sync_client=True) as c:
+                only_dep = FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[dep.id]))
+                paused = False
+                while True:
+                    runs = c.read_flow_runs(flow_run_filter=only_dep)
+                    started = [r for r in runs if r.state and not r.state.is_scheduled()]
+                    if started and not paused:  # no second run next minute, should this one take longer
+                        c.pause_deployment(dep.id)
+                        paused = True
+                    if started and started[0].state.is_final():
+                        break
+                    assert proc.p.poll() is None, f"the serving process exited:\n{proc.tail()}"
+                    assert time.monotonic() < deadline, f"{[(r.name, r.state) for r in runs]}\n{proc.tail()}"
+                    time.sleep(1)
+        assert len(started) == 1, [(r.name, r.state) for r in started]
+        fr = started[0]
+        assert fr.state.is_completed(), f"{fr.state!r}\n{proc.tail()}"
+        # created by the schedule: auto-scheduled, at a minute boundary, started no earlier than that
+        assert fr.auto_scheduled and fr.expected_start_time.second == 0, fr
+        assert fr.start_time >= fr.expected_start_time
+        day = Path(str(out).replace("{date}", fr.expected_start_time.strftime("%Y-%m-%d")))
+        man, ids = _committed(day)
+        assert sum(m["ok"] for m in man) == len(expected) and sorted(ids) == expected
+        os.kill(proc.p.pid, signal.SIGTERM)  # as systemd or Kubernetes stops it
+        rc = proc.p.wait(timeout=60)
+        log = proc.log.read_text(errors="replace")
+        assert rc == 0 and "Traceback" not in log, f"rc={rc}\n{log[-4000:]}"
+    finally:
+        proc.stop()
+
+
+@pytest.mark.integration
+def test_ssdgen_serve_refuses_without_a_reachable_prefect_server(tmp_path):
+    """Without PREFECT_API_URL Prefect would serve against its temporary API, which has no scheduler; with a
+    URL nobody answers at, nothing could schedule either: one `error:` line each, before any model loads."""
+    import socket
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")}
+    env |= {"PREFECT_HOME": str(tmp_path / "prefect-home")}  # no user profile's URL
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}/api"
+    args = [str(BIN / "ssdgen"), "serve", "--prompts", str(tmp_path / "p.parquet"), "--out", str(tmp_path / "o"),
+            "--cron", "* * * * *", "--decoder", "ar"]
+    for extra, needle in (({}, "run 'prefect server start' and set PREFECT_API_URL="),
+                          ({"PREFECT_API_URL": closed}, f"the Prefect API at PREFECT_API_URL={closed} does not answer")):
+        r = subprocess.run(args, cwd=ROOT, env=env | extra, capture_output=True, text=True, timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], \
+            (r.returncode, r.stdout, r.stderr)
+        assert "being served" not in r.stdout + r.stderr and not (tmp_path / "o").exists()
 
 
 def _prefect(*args, env: dict, timeout: float = 240) -> str:

@@ -3,6 +3,7 @@ config and the flow, the price table or the Makefile before a cluster or a sched
 services, no Ray, no images."""
 
 import inspect
+import math
 import re
 import sys
 from pathlib import Path
@@ -196,3 +197,52 @@ def test_prices_load_and_cover_every_device_type_the_deployments_use():
         p = dep["parameters"]
         gpu = prices[p.get("device_type", "cpu")].unit == "gpu"
         assert gpu == (float(p.get("gpus_per_actor", 0)) > 0), dep["name"]
+
+
+def _quantity(q) -> float:
+    """A Kubernetes quantity ("3", "3500m", "12Gi", 1) as a number."""
+    m = re.fullmatch(r"([\d.]+)([a-zA-Z]*)", str(q))
+    units = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    return float(m.group(1)) * units[m.group(2)]
+
+
+def _ray_resources(group: dict) -> dict:
+    """The Ray resources of one pod of a KubeRay worker group, as KubeRay derives them (rayStartParams first,
+    else the container's limits: num-cpus and num-gpus rounded up to whole numbers, memory in bytes)."""
+    params = group["rayStartParams"]
+    (c,) = [c for c in group["template"]["spec"]["containers"] if c["name"].startswith("ray")]
+    limits = c["resources"]["limits"]
+
+    def pick(key: str, limit: str) -> float:
+        return float(params[key]) if key in params else _quantity(limits.get(limit, 0))
+    return {"CPU": math.ceil(pick("num-cpus", "cpu")), "GPU": math.ceil(pick("num-gpus", "nvidia.com/gpu")),
+            "memory": pick("memory", "memory")}
+
+
+def test_every_deployments_actor_fits_a_gpu_worker_pod_and_the_pool_fits_the_group():
+    """An actor must fit on one node, or it waits forever (flows/cluster.py): each deployment's per-actor CPUs
+    and GPUs within what one GPU worker pod gives Ray, and its actors within the group's `maxReplicas` pods.
+    Memory: the actors request none from Ray (flows/pipeline.py `_actors`), so the pod's memory is never short."""
+    from flows.pipeline import generate
+    (rc,) = [d for d in yaml.safe_load_all((INFRA / "kuberay-raycluster.yaml").read_text()) if d]
+    groups = [g for g in rc["spec"]["workerGroupSpecs"] if _ray_resources(g)["GPU"] > 0]
+    assert groups, "no GPU worker group"
+    defaults = {n: p.default for n, p in inspect.signature(generate.fn).parameters.items()}
+    for dep in _deployments():
+        p = defaults | dep["parameters"]
+        need = {"CPU": float(p["cpus_per_actor"]), "GPU": float(p["gpus_per_actor"]), "memory": 0.0}
+        fits = [g for g in groups if all(need[k] <= _ray_resources(g)[k] for k in need)]
+        shapes = {g["groupName"]: _ray_resources(g) for g in groups}
+        assert fits, f"deployment {dep['name']}: an actor needs {need}, a GPU worker pod gives Ray {shapes}"
+        per_pod = {g["groupName"]: min(int(_ray_resources(g)[k] // need[k]) for k in ("CPU", "GPU") if need[k] > 0)
+                   for g in fits}
+        ceiling = sum(per_pod[g["groupName"]] * g["maxReplicas"] for g in fits)
+        assert int(p["actors"]) <= ceiling, f"deployment {dep['name']}: {p['actors']} actors, room for {ceiling}"
+
+
+def test_kuberay_group_resources_are_read_as_kuberay_derives_them():
+    group = {"rayStartParams": {"num-gpus": "1"}, "template": {"spec": {"containers": [{"name": "ray-worker",
+             "resources": {"limits": {"cpu": "3500m", "memory": "12Gi", "nvidia.com/gpu": 1}}}]}}}
+    assert _ray_resources(group) == {"CPU": 4, "GPU": 1, "memory": 12 * 2**30}
+    group["rayStartParams"]["num-cpus"] = "2"
+    assert _ray_resources(group)["CPU"] == 2

@@ -166,6 +166,70 @@ def test_unknown_protocol():
         list_inputs(["nosuchproto://x/y"])
 
 
+def _closed_port() -> int:
+    """A port on 127.0.0.1 where nothing listens (bound once, then released)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_s3_endpoint_is_one_line_in_seconds(monkeypatch):
+    """A wrong AWS_ENDPOINT_URL: one InputError naming the URL and the endpoint, after one quick probe rather
+    than s3fs's and botocore's retries with backoff, and no credential in it."""
+    import time
+
+    import s3fs
+    port = _closed_port()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDUNREACHABLE0001")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "unreachable-secret-7f3e")
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        for urls, options in [(["s3://b/p/"], None), (["s3://b/p/*.parquet"], {"secret": SECRET, "key": "k3y-v4lue"})]:
+            t0 = time.monotonic()
+            with pytest.raises(InputError) as e:
+                list_inputs(urls, storage_options=options)
+            took, msg = time.monotonic() - t0, str(e.value)
+            assert took < 10, took
+            assert msg == (f"{urls[0]}: cannot reach the storage endpoint http://127.0.0.1:{port} (connection "
+                           "refused); check AWS_ENDPOINT_URL / the endpoint_url setting"), msg
+            assert not any(s in msg for s in ("unreachable-secret", "AKIDUNREACHABLE", SECRET, "k3y-v4lue"))
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_only_an_endpoint_never_reached_counts_as_unreachable():
+    from flows.endpoints import endpoint_of, unreachable
+    assert unreachable(ConnectionRefusedError(111, "refused")) == "connection refused"
+    assert unreachable(ConnectionError("reset by peer")) is None  # reached: a read failed
+    assert unreachable(PermissionError("Access Denied")) is None and unreachable(FileNotFoundError("x")) is None
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connect call failed")
+        except OSError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as e:
+        assert unreachable(e) == "connection refused"
+
+    class EndpointConnectionError(Exception):  # botocore's, as far as the check looks (name and kwargs)
+        kwargs = {"endpoint_url": "https://user:pw@minio.example:9000/bucket/key", "error": TimeoutError()}
+    assert unreachable(EndpointConnectionError()) == "connect timed out"
+    assert endpoint_of(EndpointConnectionError()) == "https://minio.example:9000"  # no user info, no path
+
+
+def test_the_probe_passes_a_healthy_endpoint(s3):
+    """On a reachable S3 (moto), listing works as before, and a missing bucket is still reported as such."""
+    from flows.endpoints import probe
+    with s3.open("ssdgen-test/in/p.parquet", "wb") as fh:
+        pq.write_table(pa.table({"prompt": prompts(3)}), fh)
+    assert probe(s3, "ssdgen-test/in/") is None and probe(s3, "no-such-bucket/x") is None
+    assert [f.num_rows for f in list_inputs(["s3://ssdgen-test/in/"])] == [3]
+    with pytest.raises(InputError, match="no-such-bucket") as e:
+        list_inputs(["s3://no-such-bucket/prompts/"])
+    assert "cannot reach" not in str(e.value)
+
+
 # ---- prompt ids ------------------------------------------------------------------------------------
 
 def test_duplicate_prompt_ids_across_files(tmp_path):

@@ -45,6 +45,62 @@ def test_bad_specs_name_the_problem(text, message):
         DecodeSpec.parse(text)
 
 
+def _field_kinds(family: str) -> dict[str, str]:
+    """Each parameter of a family -> its config field's declared type name."""
+    from decoders.configs import Relaxation, SJDConfig, SSDConfig
+    cls = SSDConfig if FAMILIES[family].engine == "ssd" else SJDConfig
+    kinds = {f.name: str(f.type) for c in (cls, Relaxation) for f in fields(c)}
+    return {k: kinds[k] for k in FAMILIES[family].params}
+
+
+# a value of the wrong kind for each declared type, as the user types it, and what the message must say
+WRONG = {"bool": ("yes", "must be true or false", "'yes'"), "int": ("2.5", "must be an integer", "2.5"),
+         "float": ("abc", "must be a number", "'abc'"), "str": ("bogus", "must be one of", "'bogus'")}
+
+
+@pytest.mark.parametrize("family, key", [(f, k) for f in FAMILIES for k in sorted(FAMILIES[f].params)])
+def test_every_parameter_checks_its_type(family, key):
+    kind = _field_kinds(family)[key]
+    value, says, shown = WRONG[kind]
+    text = f"{family}:{key}={value}"
+    with pytest.raises(ValueError) as e:
+        DecodeSpec.parse(text)
+    msg = str(e.value)
+    assert msg.startswith(f"decoder spec {text!r}: {key} {says}") and msg.endswith(f"got {shown}"), msg
+
+
+@pytest.mark.parametrize("text, message", [
+    ("csd:lam=abc", "decoder spec 'csd:lam=abc': lam must be a number, got 'abc'"),
+    ("ssd:rows=true", "decoder spec 'ssd:rows=true': rows must be an integer, got True"),
+    ("csd:coupled=1", "decoder spec 'csd:coupled=1': coupled must be true or false, got 1"),
+    ("sjd:init=3", "decoder spec 'sjd:init=3': init must be one of random, repeat-left, repeat-above, got 3"),
+    ("ssd:heads=", "decoder spec 'ssd:heads=': heads needs a path"),
+])
+def test_wrong_kinds_are_one_line_naming_spec_key_type_and_value(text, message):
+    with pytest.raises(ValueError) as e:
+        DecodeSpec.parse(text)
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_python_callers_and_typed_configs_get_the_same_checks():
+    from decoders.configs import Relaxation, SJDConfig, SSDConfig
+    with pytest.raises(ValueError, match=r"decoder spec 'csd:lam=abc': lam must be a number, got 'abc'"):
+        DecodeSpec.of("csd", {"lam": "abc"})
+    for make, message in [(lambda: Relaxation(lam="abc"), "lam must be a number"),
+                          (lambda: SJDConfig(coupled="yes"), "coupled must be true or false"),
+                          (lambda: SSDConfig(max_rows=2.5), "max_rows must be an integer"),
+                          (lambda: SamplingConfig(temperature="hot"), "temperature must be a number")]:
+        with pytest.raises(ValueError, match=message):  # a ValueError, never TypeError from a range check
+            make()
+    assert DecodeSpec.parse("csd:lam=1:delta=0").config().relax.lam == 1  # an int is a number
+
+
+def test_lossless_ssd_csd_names_the_fix():
+    with pytest.raises(ValueError, match=r"ssd:lossless=true is the lossless spatial decoder"):
+        DecodeSpec.parse("ssd+csd:lossless=true")
+    assert DecodeSpec.parse("ssd:lossless=true").config().lossless
+
+
 def test_compared_decoders_share_sampling():
     assert common_sampling([DecodeSpec.parse("ar"), DecodeSpec.parse("csd:lam=1")]) == SamplingConfig()
     with pytest.raises(ValueError, match="share their sampling"):

@@ -1,0 +1,125 @@
+"""What a run checks and reads before Prefect or Ray start: every setting, the output, the inputs, the plan
+and what is already committed. The CLI calls it first, so a mistake costs one `error:` line and no server start,
+and a run with nothing to do ends in a second; the flow calls it again (a deployment has no CLI in front).
+
+Nothing here writes: the writes (config, setting damaged shards aside, overwrite) happen in the flow, under the
+output's lease (flows.lease).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+
+import fsspec
+
+from .cost import Price
+from .inputs import InputFile, check_unique_prompt_ids, list_inputs, with_identities
+from .layout import CONFIG, Output, StorageError
+from .plan import ShardPlan
+from .settings import GenerateConfig
+from .verify import Damage, damaged_shards
+
+_GLOB = "*?["
+
+
+@dataclass
+class Prepared:
+    cfg: GenerateConfig
+    price: Price
+    files: list[InputFile]
+    plan: ShardPlan
+    out: Output
+    done: bytearray  # done[i] == 1: shard i is committed (and passed the cheap check)
+    damaged: list[Damage] = field(default_factory=list)
+    changed: str | None = None  # settings a run that committed nothing will take anew
+
+    @property
+    def pending(self) -> int:
+        return self.done.count(0)
+
+    @property
+    def committed(self) -> int:
+        return len(self.done) - self.pending
+
+
+def check_output(cfg: GenerateConfig) -> Output:
+    """The output URL is usable: not a file, in a bucket that exists (never created for the user), and not
+    inside a --prompts folder (the run would list its own files as prompts)."""
+    try:
+        out = Output(cfg.out)
+    except (ValueError, ImportError) as e:
+        raise ValueError(f"--out {cfg.out}: {e}") from None
+    try:
+        if out.fs.isfile(out.root):
+            raise ValueError(f"--out {cfg.out}: is a file; give a folder (or an object-store prefix) for the run")
+        if out.protocol not in ("file", "local"):
+            bucket = out.root.split("/", 1)[0]
+            if not out.fs.exists(bucket):
+                raise ValueError(f"--out {cfg.out}: bucket {bucket!r} does not exist (ssdgen never creates "
+                                 "buckets); create it, or fix the URL")
+    except OSError as e:
+        raise StorageError(e.errno, f"--out {cfg.out}: cannot reach the store ({type(e).__name__}: {e})") from None
+    for p in cfg.prompts:
+        fs, path = fsspec.core.url_to_fs(p)
+        base = path.split("*")[0].split("?")[0].split("[")[0].rstrip("/") if any(c in path for c in _GLOB) \
+            else path.rstrip("/")
+        same_store = type(fs) is type(out.fs)
+        if same_store and (out.root == base or out.root.startswith(base + "/")) and not _is_file(fs, path):
+            raise ValueError(f"--out {cfg.out} is inside --prompts {p}: the run would read its own output as "
+                             "prompts; put the output elsewhere")
+    return out
+
+
+def _is_file(fs, path: str) -> bool:
+    return not any(c in path for c in _GLOB) and fs.isfile(path)
+
+
+def prepare(cfg: GenerateConfig, overwrite: bool = False) -> Prepared:
+    """Check everything and read the run's state; raises ValueError / InputError / StorageError with one line."""
+    price = cfg.validate()
+    out = check_output(cfg)
+    files = with_identities(list_inputs(list(cfg.prompts)))
+    check_unique_prompt_ids(files)
+    plan = ShardPlan(files, cfg.shard_size)
+    if overwrite:  # everything there goes (flows.pipeline, under the lease): nothing to compare
+        return Prepared(cfg, price, files, plan, out, bytearray(len(plan)))
+    recorded = cfg.recorded(files)
+    old = out.read_json(CONFIG)
+    if old is not None and not any("content" in i for i in old.get("inputs", [])):
+        for i in recorded["inputs"]:  # a run recorded before inputs had a content identity: compare the rest
+            i.pop("content", None)
+    done = out.committed_ids(len(plan))
+    damaged = list(damaged_shards(out))
+    for d in damaged:
+        if d.shard < len(done):
+            done[d.shard] = 0
+    pinned = bool(done.count(1) or damaged)
+    changed = out.check_config(recorded, old, pinned)
+    return Prepared(cfg, price, files, plan, out, done, damaged, changed)
+
+
+def describe(p: Prepared) -> str:
+    """One line: what the run will do."""
+    return (f"{p.plan.rows} prompts in {len(p.files)} file(s): {len(p.plan)} shards, {p.committed} already "
+            f"committed, {p.pending} to run" + (f" ({len(p.damaged)} damaged, re-decoded)" if p.damaged else ""))
+
+
+def output_size(out: Output) -> tuple[int, int]:
+    """(files, bytes) under the output, for what --overwrite says it deletes."""
+    try:
+        infos = out.fs.find(out.root, detail=True)
+    except FileNotFoundError:
+        return 0, 0
+    return len(infos), sum(int(i.get("size") or 0) for i in infos.values())
+
+
+def clear(out: Output, keep: str) -> None:
+    """Delete everything under the output but `keep` (the lease of the run that overwrites)."""
+    try:
+        entries = out.fs.ls(out.root, detail=False)
+    except FileNotFoundError:
+        return
+    for e in entries:
+        if posixpath.basename(e.rstrip("/")) != keep:
+            out.fs.rm(e, recursive=True)

@@ -1,0 +1,98 @@
+"""Checking committed shards against their commit markers: nothing unchecked counts as done.
+
+A marker names every file of its shard with its size and SHA-256 (flows.layout.Output.write_bytes). Two depths:
+
+    cheap (every resume, `ssdgen status`)   one listing of shards/ with details: each file is there, has its
+                                            recorded size, and, where the store gives it, the same content
+                                            identity (an S3 ETag is the MD5 of a one-PUT object); a local file
+                                            whose mtime changed since its commit is hashed
+    deep  (`ssdgen verify`, --deep)         every file read back and its SHA-256 compared
+
+A resume sets damaged shards aside (`Output.set_aside`: the marker moves to _DAMAGED-*.json) and re-decodes them,
+saying so; a marker that is not valid JSON is damage too, named by its file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from dataclasses import dataclass
+from typing import Iterator
+
+from .layout import MARKER, CorruptMarker, Output, _shard_of
+
+
+@dataclass(frozen=True)
+class Damage:
+    shard: int
+    url: str  # the file (or the marker) that failed
+    problem: str
+
+    def __str__(self) -> str:
+        return f"shard {self.shard}: {self.url}: {self.problem}"
+
+
+def _listing(out: Output) -> dict[str, dict]:
+    """path -> info of every file under shards/ (one paginated listing, not a request per file)."""
+    try:
+        return out.fs.find(out.path("shards"), detail=True)
+    except FileNotFoundError:
+        return {}
+
+
+def _check_file(out: Output, rec: dict, info: dict | None, deep: bool) -> str | None:
+    """What is wrong with one file the marker names, or None."""
+    if info is None:
+        return "missing"
+    if rec.get("bytes") is not None and int(info.get("size", -1)) != rec["bytes"]:
+        return f"{info.get('size')} bytes, the marker says {rec['bytes']}"
+    etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
+    if rec.get("md5") and etag and "-" not in etag and etag != rec["md5"]:  # "-N": a multipart upload's ETag
+        return "its ETag differs from the MD5 the marker recorded: the object was rewritten"
+    # a local file rewritten since its commit has another mtime; so has an honest copy of the run (cp without
+    # -p), so a changed mtime only sends the file to the SHA-256 check
+    touched = rec.get("mtime") is not None and info.get("mtime") is not None and info["mtime"] != rec["mtime"]
+    if deep or touched:
+        h = hashlib.sha256()
+        with out.fs.open(out.path(rec["path"]), "rb") as f:
+            while chunk := f.read(8 * 2**20):
+                h.update(chunk)
+        if h.hexdigest() != rec["sha256"]:
+            return "its SHA-256 differs from the marker's: the content changed after the commit"
+    return None
+
+
+def damaged_shards(out: Output, deep: bool = False) -> Iterator[Damage]:
+    """Every committed shard whose marker is corrupt or whose files are missing or damaged, in shard order
+    (one Damage per shard: the first problem found)."""
+    listing = _listing(out)
+    paths = sorted((p for p in listing if p.endswith("/" + MARKER)), key=_shard_of)
+    for i in range(0, len(paths), 512):
+        chunk = out.fs.cat(paths[i:i + 512])
+        for p in sorted(chunk, key=_shard_of):
+            try:
+                m = out.parse_marker(p, chunk[p])
+            except CorruptMarker as e:
+                yield Damage(_shard_of(p), out.full_url(p), e.reason)
+                continue
+            for rec in m["files"]:
+                path = out.path(rec["path"])
+                if (problem := _check_file(out, rec, listing.get(path), deep)) is not None:
+                    yield Damage(int(m["shard"]), out.full_url(path), problem)
+                    break
+
+
+def set_aside(out: Output, damage: list[Damage], log) -> None:
+    """Uncommit the damaged shards so this run re-decodes them; one log line each."""
+    for d in damage:
+        log.warning(f"re-decoding {d}")
+        out.set_aside(d.shard)
+
+
+def verify(url: str, deep: bool = True) -> dict:
+    """`ssdgen verify`: every committed shard checked ({shards, damaged: [Damage]})."""
+    out = Output(url)
+    out.read_config()  # a clear error where no run is
+    damage = list(damaged_shards(out, deep=deep))
+    shards = sum(1 for p in _listing(out) if posixpath.basename(p) == MARKER)
+    return {"url": url, "shards": shards, "damaged": damage, "deep": deep}

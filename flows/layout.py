@@ -425,15 +425,16 @@ def _link_create(path: str, data: bytes) -> bool:
     (link fails if the name exists), so a reader never sees a half-written marker."""
     import os
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "wb") as f:
-        f.write(data)
     try:
+        with open(tmp, "wb") as f:
+            f.write(data)
         os.link(tmp, path)
         return True
     except FileExistsError:
         return False
     finally:
-        os.unlink(tmp)
+        if os.path.exists(tmp):  # a full disk fails the write itself: no temp file stays behind either
+            os.unlink(tmp)
 
 
 def shard_tables(samples: list[dict], rows: list[dict], decoder: str, model: str,

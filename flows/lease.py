@@ -53,14 +53,20 @@ class Lease:
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ taking and giving back
+    def check_free(self) -> int:
+        """Raise LeaseHeld naming the live holder, if there is one; else the current generation. Takes nothing:
+        the CLI asks before it starts any server, the flow then takes the lease."""
+        gen, holder = self._current()
+        if holder is not None and (why := self._alive(holder)):
+            raise LeaseHeld(f"{self.out.url}: another ssdgen run is writing here ({why}); wait for it to "
+                            f"finish, or stop it (if it died, its lease expires {self.ttl:.0f} s after its last "
+                            "heartbeat)")
+        return gen
+
     def acquire(self) -> "Lease":
         """Take the lease, or raise LeaseHeld naming its live holder."""
         for _ in range(5):
-            gen, holder = self._current()
-            if holder is not None and (why := self._alive(holder)):
-                raise LeaseHeld(f"{self.out.url}: another ssdgen run is writing here ({why}); wait for it to "
-                                f"finish, or stop it (if it died, its lease expires {self.ttl:.0f} s after its last "
-                                "heartbeat)")
+            gen = self.check_free()
             if self.out.create(self._path(gen + 1), self._record()):
                 self.gen = gen + 1
                 self._thread = threading.Thread(target=self._beat, name="ssdgen-lease", daemon=True)

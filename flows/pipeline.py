@@ -136,20 +136,16 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
     return execute(cfg, progress=progress, overwrite=overwrite)
 
 
-def _run_pending(cfg: GenerateConfig, files: list[InputFile], out: Output, plan: ShardPlan, done: bytearray,
-                 progress: bool, t0: float, lease) -> dict:
+def _run_pending(cfg: GenerateConfig, prep: Prepared, progress: bool, t0: float, lease, stop: StopSignals) -> dict:
     """Run the pending shards (done[i] == 0) on a pool of actors -> {failed shard -> error, startup seconds,
     images and commits this run, commit latency, the signal that interrupted it}. Ctrl-C and SIGTERM stop it
     as flows.interrupts says; the lease is checked before every commit."""
     log = get_run_logger()
+    files, out, plan, done = prep.files, prep.out, prep.plan, prep.done
     pending = done.count(0)
     rows = pending * cfg.shard_size - (cfg.shard_size * len(plan) - plan.rows if not done[-1] else 0)
-
-    def line() -> str:
-        return f"interrupted: {done.count(1)}/{len(done)} shards committed; run the same command to resume"
-
     disp = None
-    with StopSignals(line) as stop, _cluster_slots(cfg):
+    with _cluster_slots(cfg):
         started_ray = cluster.start(cfg.ray_address)
         stop.install()  # after Ray's init, which puts its own SIGTERM handler in place
         actors = []
@@ -224,20 +220,23 @@ def execute(cfg: GenerateConfig, progress: bool = True, overwrite: bool = False)
     damaged shards set aside, the pending shards decoded and committed, and the manifest and summary written."""
     log = get_run_logger()
     t0 = time.perf_counter()
-    check_output(cfg)
-    with Lease(Output(cfg.out)) as lease:
-        if overwrite:
-            _overwrite(prepare(cfg, overwrite=True).out, log)
-        prep = prepare(cfg)  # read under the lease: what another driver committed before is seen
-        _record(prep, log)
-        log.info(describe(prep))
-        if not prep.pending and (recorded := prep.out.read_json(SUMMARY)) is not None:
-            # the run's totals stay as they are
-            return recorded | {"shards_run_now": 0, "nothing_to_do": True,
-                               "summary": prep.out.full_url(prep.out.path(SUMMARY))}
-        ran = _run_pending(cfg, prep.files, prep.out, prep.plan, prep.done, progress, t0, lease) if prep.pending \
-            else {"failed": {}, "startup_s": 0.0, "images": 0, "commits": 0, "commit_latency_s": None}
-        summary = _summarize(cfg, prep, ran, time.perf_counter() - t0)
+    line = _StatusLine()
+    with StopSignals(line) as stop:
+        check_output(cfg)
+        with Lease(Output(cfg.out)) as lease:
+            if overwrite:
+                _overwrite(prepare(cfg, overwrite=True, leased=True).out, log)
+            prep = prepare(cfg, leased=True)  # read under the lease: what another driver committed before is seen
+            line.done = prep.done
+            _record(prep, log)
+            log.info(describe(prep))
+            if not prep.pending and (recorded := prep.out.read_json(SUMMARY)) is not None:
+                # the run's totals stay as they are
+                return recorded | {"shards_run_now": 0, "nothing_to_do": True,
+                                   "summary": prep.out.full_url(prep.out.path(SUMMARY))}
+            ran = _run_pending(cfg, prep, progress, t0, lease, stop) if prep.pending else \
+                {"failed": {}, "startup_s": 0.0, "images": 0, "commits": 0, "commit_latency_s": None}
+            summary = _summarize(cfg, prep, ran, time.perf_counter() - t0)
     failed = ran["failed"]
     if (stopped := ran.get("interrupted")) is not None:
         raise stopped
@@ -246,6 +245,16 @@ def execute(cfg: GenerateConfig, progress: bool = True, overwrite: bool = False)
         raise RuntimeError(f"{len(failed)} shard(s) failed (first: shard {first}: {failed[first]}); "
                            f"{summary['shards']}/{len(prep.plan)} committed; run again to resume")
     return summary
+
+
+class _StatusLine:
+    """The line a signal prints (flows.interrupts): what is committed, once the run knows."""
+    done: bytearray | None = None
+
+    def __call__(self) -> str:
+        if self.done is None:
+            return "interrupted before any shard ran; run the same command to resume"
+        return f"interrupted: {self.done.count(1)}/{len(self.done)} shards committed; run the same command to resume"
 
 
 def _overwrite(out: Output, log) -> None:

@@ -16,6 +16,7 @@ import fsspec
 from .cost import Price
 from .inputs import InputFile, check_unique_prompt_ids, list_inputs, with_identities
 from .layout import CONFIG, Output, StorageError
+from .lease import Lease
 from .plan import ShardPlan
 from .settings import GenerateConfig
 from .verify import Damage, damaged_shards
@@ -75,10 +76,13 @@ def _is_file(fs, path: str) -> bool:
     return not any(c in path for c in _GLOB) and fs.isfile(path)
 
 
-def prepare(cfg: GenerateConfig, overwrite: bool = False) -> Prepared:
-    """Check everything and read the run's state; raises ValueError / InputError / StorageError with one line."""
+def prepare(cfg: GenerateConfig, overwrite: bool = False, leased: bool = False) -> Prepared:
+    """Check everything and read the run's state; raises ValueError / InputError / StorageError with one line.
+    `leased`: the caller holds the output's lease (the flow), so it is not asked who holds it."""
     price = cfg.validate()
     out = check_output(cfg)
+    if not leased:
+        Lease(out).check_free()  # a second driver on this output is refused before it starts anything
     files = with_identities(list_inputs(list(cfg.prompts)))
     check_unique_prompt_ids(files)
     plan = ShardPlan(files, cfg.shard_size)

@@ -25,7 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
-from flows.layout import CONFIG, MANIFEST, SUMMARY, Output, file_kind
+from flows.layout import CONFIG, MANIFEST, SUMMARY, Output, file_kind, plan_words
+from flows.verify import damaged_shards
 
 from . import plots
 
@@ -41,10 +42,10 @@ IMAGE_COLS = ["prompt_id", "prompt", "seed", "image", "width", "height"]
 
 # ------------------------------------------------------------------------------------------- reading
 
-def committed_files(out: Output) -> tuple[list[dict], dict[int, dict]]:
-    """[{shard, images_url, stats_url}] of the committed shards, and their markers ({} if read from the
-    manifest). Raises FileNotFoundError when the URL holds no committed shard."""
-    markers = out.committed()
+def committed_files(out: Output, damaged: list = ()) -> tuple[list[dict], dict[int, dict]]:
+    """[{shard, images_url, stats_url}] of the committed shards but the `damaged` ones (flows.verify), and their
+    markers ({} if read from the manifest). Raises FileNotFoundError when the URL holds no committed shard."""
+    markers = {int(m["shard"]): m for m in out.iter_markers(skip=frozenset(d.shard for d in damaged))}
     if markers:
         files = []
         for sid in sorted(markers):
@@ -110,14 +111,14 @@ def _fs_for(url: str):
 
 
 def _json(out: Output, name: str) -> dict | None:
-    p = out.path(name)
-    return json.loads(out.fs.cat_file(p)) if out.fs.exists(p) else None
+    return out.read_json(name)
 
 
 def load_run(url: str, samples: int = 24) -> dict:
     """Everything the report shows. Image bytes are kept only for the first `samples` ok images."""
     out = Output(url)
-    files, markers = committed_files(out)
+    damaged = list(damaged_shards(out))  # left out and named, never read: a report must not abort on them
+    files, markers = committed_files(out, damaged)
     stats = pa.concat_tables([_read(out, f["stats_url"]) for f in files]).to_pylist()
     images, kept = [], 0
     for f in files:
@@ -128,7 +129,8 @@ def load_run(url: str, samples: int = 24) -> dict:
                 r["image"] = None
             images.append(r)
     return {"url": url, "files": files, "markers": markers, "stats": stats, "images": images,
-            "summary": _json(out, SUMMARY), "config": _json(out, CONFIG)}
+            "summary": _json(out, SUMMARY), "config": _json(out, CONFIG), "damaged": damaged,
+            "plan": out.read_plan()}
 
 
 # ------------------------------------------------------------------------------------------ drawing
@@ -234,6 +236,11 @@ def build_html(run: dict, samples: int = 24) -> str:
             f"{plots.esc(conf.get('params') or '')} &middot; model {plots.esc(conf.get('model', '?'))} &middot; "
             f"{len(run['files'])} committed shards &middot; {len(ok)} images ok, {len(bad)} failed")
     body = []
+    if (how := plan_words(run.get("plan"))) is not None:  # a fall-back to plain AR is said, never silent
+        body.append(f"<p class=\"plan\">Decode plan (decided once for this run): {plots.esc(how)}</p>")
+    if run.get("damaged"):
+        body.append(f"<p class=\"damaged\">{len(run['damaged'])} damaged shard(s) left out (the same generate "
+                    "re-decodes them): " + "; ".join(plots.esc(str(d)) for d in run["damaged"][:10]) + "</p>")
 
     shown = [im for im in images if im["image"] is not None][:samples]
     body.append(f"<h2>Samples ({len(shown)} of {len(ok)})</h2><div class=\"grid\">")

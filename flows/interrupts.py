@@ -7,7 +7,8 @@
     second signal,  now: the same line, every process this one started is killed, exit at once
     or 10 s later
 
-While the run is still starting (Ray, model loads, calibration), the first signal unwinds the main thread at once.
+While the run is still starting (Ray, model loads, calibration), the first signal stops it at its next checkpoint
+(every wait on Ray is one, a quarter second at a time).
 From the first signal on, Prefect's console output is dropped (it goes on to the API): the user asked to stop,
 and the line above is the answer. Committed shards are safe at any point: every file is written whole or not at
 all (flows.layout), and a shard counts only once its marker exists.
@@ -36,7 +37,7 @@ class Interrupted(RuntimeError):
 class StopSignals:
     """`with StopSignals(line) as stop:` SIGINT and SIGTERM handled as the module docstring says. `line()` is
     the status line; set `stop.target` to a callable taking the Interrupted to stop cooperatively (the
-    dispatcher), else the signal raises Interrupted in the main thread. Outside the main thread it does
+    dispatcher); before that, `check()` raises it at the run's checkpoints. Outside the main thread it installs
     nothing (signals are the main thread's)."""
 
     def __init__(self, line: Callable[[], str]):
@@ -46,12 +47,13 @@ class StopSignals:
         self._old: dict = {}
 
     def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            self.install()
+        self.install()
         return self
 
     def install(self) -> None:
         """(Re)install the handlers: Ray's init puts its own SIGTERM handler in place, so this runs after it."""
+        if threading.current_thread() is not threading.main_thread():
+            return
         for s in (signal.SIGINT, signal.SIGTERM):
             old = signal.signal(s, self._handle)
             self._old.setdefault(s, old)
@@ -72,9 +74,15 @@ class StopSignals:
         t = threading.Timer(GRACE_S, hard_exit, (signum, self.line))
         t.daemon = True
         t.start()
-        if self.target is None:
-            raise Interrupted(self.line(), signum)
-        self.target(Interrupted(self.line(), signum))
+        if self.target is not None:
+            self.target(Interrupted(self.line(), signum))
+        # else the run is still starting: its next checkpoint (`check`, every wait on Ray) raises. Raising here
+        # instead would land wherever the main thread is, an import included, where Python swallows it.
+
+    def check(self) -> None:
+        """A checkpoint of the starting run: raise Interrupted once a signal came."""
+        if self.signum is not None:
+            raise Interrupted(self.line(), self.signum)
 
 
 class _DropAll(logging.Filter):

@@ -404,6 +404,19 @@ def manifest_row(out: Output, m: dict) -> dict:
             "stats_sha256": sha("stats"), "audit_url": url("audit"), "tar_url": url("tar"), "tar_sha256": sha("tar")}
 
 
+def plan_words(plan: dict | None) -> str | None:
+    """What a calibrated decoder's plan decided, in words (console, status, report); None without a plan."""
+    if plan is None:
+        return None
+    at = f" at batch {plan['batch']}" if plan.get("batch") else ""
+    timed = plan.get("measured") or {}
+    why = ", ".join(f"{'plain AR' if k == '0' else k + ' row(s)'} {v:.2f}" for k, v in sorted(timed.items())) \
+        + " images/s" if timed else "the cost curve left one choice, not timed"
+    if int(plan["rows"]) == 0:
+        return f"decoded as plain AR: faster on this device{at} ({why})"
+    return f"speculating {plan['rows']} row(s) ahead: the fastest choice on this device{at} ({why})"
+
+
 def _changed_input(old: list[dict], new: list[dict]) -> str | None:
     """The URL of the first input file whose recorded identity (rows, bytes, content) differs, or that is new."""
     before = {i["url"]: i for i in old}

@@ -52,7 +52,7 @@ from .settings import GenerateConfig
 from .groups import RunContext, run_groups
 from .inputs import InputError, InputFile
 from .interrupts import Interrupted, StopSignals
-from .layout import CONFIG, SUMMARY, Output
+from .layout import CONFIG, SUMMARY, Output, plan_words
 from .lease import LEASE_DIR, Lease
 from .prepare import Prepared, check_output, clear, describe, output_size, prepare
 from .verify import damaged_shards, set_aside
@@ -78,7 +78,7 @@ def _cluster_slots(cfg: GenerateConfig):
 
 
 def _decode_plan(cfg: GenerateConfig, files: list[InputFile], plan: ShardPlan, out: Output, actors: list,
-                 log) -> dict | None:
+                 log, stop: StopSignals) -> dict | None:
     """A calibrated decoder's plan, decided once per run (decoders/calibrate.py): the recorded one on a resume,
     else measured by one actor on the first shard's first prompts and recorded before any shard decodes. Every
     batch carries it to its actor, so all actors, restarted ones and retries decode alike."""
@@ -87,16 +87,28 @@ def _decode_plan(cfg: GenerateConfig, files: list[InputFile], plan: ShardPlan, o
     if (recorded := out.read_plan()) is not None:
         log.info(f"decode plan: {recorded['rows']} row(s) (recorded; 0 = plain AR)")
         return recorded
-    import ray
     rows = [asdict(r) for r in read_shard(files, plan[0], cfg.seed)][:max(cfg.batch_size, CALIBRATION_PROMPTS)]
-    decided = ray.get(actors[0].calibrate.remote(rows, cfg.batch_size))
+    decided = _get(actors[0].calibrate.remote(rows, cfg.batch_size), stop)
     out.write_plan(decided)
     log.info(f"decode plan: {decided['rows']} row(s) (0 = plain AR), measured in {decided['seconds']:.1f} s: "
              f"images/s {decided['measured'] or 'not timed: the cost curve left one choice'}")
     return decided
 
 
-def _actors(cfg: GenerateConfig) -> list:
+def _get(refs, stop: StopSignals | None):
+    """ray.get that a Ctrl-C or SIGTERM stops within a quarter second (flows.interrupts)."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+    while True:
+        if stop is not None:
+            stop.check()
+        try:
+            return ray.get(refs, timeout=0.25)
+        except GetTimeoutError:
+            continue
+
+
+def _actors(cfg: GenerateConfig, stop: StopSignals | None = None) -> list:
     import ray
     from workers.decode_worker import DecodeWorker
     # before any actor is requested: one that fits no node would wait forever (flows/cluster.py)
@@ -104,7 +116,7 @@ def _actors(cfg: GenerateConfig) -> list:
     cls = ray.remote(DecodeWorker).options(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
                                            max_restarts=-1, max_task_retries=0)
     actors = [cls.remote(cfg.worker_spec()) for _ in range(n)]
-    ray.get([a.info.remote() for a in actors])  # wait for the loads; a config error surfaces here, once
+    _get([a.info.remote() for a in actors], stop)  # wait for the loads; a config error surfaces here, once
     return actors
 
 
@@ -146,12 +158,13 @@ def _run_pending(cfg: GenerateConfig, prep: Prepared, progress: bool, t0: float,
     rows = pending * cfg.shard_size - (cfg.shard_size * len(plan) - plan.rows if not done[-1] else 0)
     disp = None
     with _cluster_slots(cfg):
+        stop.check()
         started_ray = cluster.start(cfg.ray_address)
         stop.install()  # after Ray's init, which puts its own SIGTERM handler in place
         actors = []
         try:
-            actors = _actors(cfg)
-            decode_plan = _decode_plan(cfg, files, plan, out, actors, log)
+            actors = _actors(cfg, stop)
+            decode_plan = _decode_plan(cfg, files, plan, out, actors, log, stop)
             startup_s = time.perf_counter() - t0
             log.info(f"{len(actors)} actor(s) ready {startup_s:.1f} s after the flow started")
             bar = tqdm(total=rows, unit="img", desc="generate", disable=not progress, smoothing=0.1)
@@ -228,6 +241,7 @@ def execute(cfg: GenerateConfig, progress: bool = True, overwrite: bool = False)
                 _overwrite(prepare(cfg, overwrite=True, leased=True).out, log)
             prep = prepare(cfg, leased=True)  # read under the lease: what another driver committed before is seen
             line.done = prep.done
+            stop.check()
             _record(prep, log)
             log.info(describe(prep))
             if not prep.pending and (recorded := prep.out.read_json(SUMMARY)) is not None:
@@ -348,19 +362,6 @@ def run_status(url: str, deep: bool = False) -> dict:
     return {"out": url, "shards_total": n_shards, "shards_done": committed, "shards_failed": failed,
             "shards_pending": n_shards - committed - len(failed), "images_ok": ok, "images_failed": n_failed,
             "damaged": damaged, "cost": cost, "audit": audit, "decode_plan": _plan_summary(out.read_plan())}
-
-
-def plan_words(plan: dict | None) -> str | None:
-    """What a calibrated decoder's plan decided, in words (console, status, report); None without a plan."""
-    if plan is None:
-        return None
-    at = f" at batch {plan['batch']}" if plan.get("batch") else ""
-    timed = plan.get("measured") or {}
-    why = ", ".join(f"{'plain AR' if k == '0' else k + ' row(s)'} {v:.2f}" for k, v in sorted(timed.items())) \
-        + " images/s" if timed else "the cost curve left one choice, not timed"
-    if int(plan["rows"]) == 0:
-        return f"decoded as plain AR: faster on this device{at} ({why})"
-    return f"speculating {plan['rows']} row(s) ahead: the fastest choice on this device{at} ({why})"
 
 
 __all__ = ["GenerateConfig", "generate", "execute", "run_status", "plan_words", "InputError", "Interrupted"]

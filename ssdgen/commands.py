@@ -108,7 +108,7 @@ def _print_summary(s: dict) -> None:
         typer.echo(f"  {r['metric']:<34} {r['value']}")
     if (w := warning(s.get("audit"))) is not None:
         typer.echo(f"WARNING: {w}", err=True)
-    from flows.pipeline import plan_words
+    from flows.layout import plan_words
     if (how := plan_words(s.get("decode_plan"))) is not None:  # a fall-back to plain AR is said, never silent
         typer.echo(f"decode plan (decided once for this run, _plan.json): {how}")
     if s.get("shards_redecoded"):
@@ -159,7 +159,8 @@ def status(url: str = typer.Argument(..., help="a run's output URL"),
            verify: bool = typer.Option(False, "--verify", help="read every committed file back and check its "
                                                                "SHA-256 (default: sizes and ETags only)")):
     """Shards done, pending, failed and damaged, the decode plan, and the cost so far."""
-    from flows.pipeline import plan_words, run_status
+    from flows.layout import plan_words
+    from flows.pipeline import run_status
     st = run_status(url, deep=verify)
     typer.echo(f"{url}: {st['shards_done']} done, {st['shards_pending']} pending, {len(st['shards_failed'])} failed "
                f"of {st['shards_total']} shards; images ok {st['images_ok']}, failed {st['images_failed']}")

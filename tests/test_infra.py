@@ -104,8 +104,9 @@ def test_prefect_entrypoint_loads_and_parameters_match_the_flow_signature(monkey
     from prefect.flows import load_flow_from_entrypoint
     from flows.pipeline import GenerateConfig, generate
     sig = inspect.signature(generate.fn)
-    # every flow parameter is a run setting (or the progress bar): none exists for the tests alone
-    assert set(sig.parameters) <= set(inspect.signature(GenerateConfig).parameters) | {"progress"}
+    # every flow parameter is a run setting (or the progress bar, or --overwrite's action): none exists for the
+    # tests alone
+    assert set(sig.parameters) <= set(inspect.signature(GenerateConfig).parameters) | {"progress", "overwrite"}
     required = {n for n, p in sig.parameters.items() if p.default is inspect.Parameter.empty}
     monkeypatch.chdir(ROOT)  # deployments load the entrypoint relative to the repository root
     # Prefect puts the entrypoint's folder (flows/) on sys.path: undo it, or later tests would import

@@ -296,7 +296,7 @@ class Output:
     def parse_marker(self, path: str, data: bytes) -> dict:
         try:
             m = json.loads(data)
-            if not isinstance(m, dict) or not {"shard", "files", "rows", "ok"} <= m.keys():
+            if not isinstance(m, dict) or not {"shard", "files"} <= m.keys():
                 raise ValueError("not a commit marker")
             return m
         except ValueError as e:

@@ -124,6 +124,9 @@ def test_prefect_entrypoint_loads_and_parameters_match_the_flow_signature(monkey
         cfg_keys = set(inspect.signature(GenerateConfig).parameters)
         kw = {k: v for k, v in params.items() if k in cfg_keys}
         kw["prompts"] = tuple(kw["prompts"])
+        if "decoder" in kw:  # the flow parses its decode spec at its edge, as here
+            from decoders.spec import DecodeSpec
+            kw["decoder"] = DecodeSpec.parse(kw["decoder"])
         GenerateConfig(**kw).validate()
 
 

@@ -124,7 +124,7 @@ def test_cli_duplicate_ids_across_files_one_error_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.integration
 def test_cli_output_with_other_settings_one_error_line(tmp_path):
-    from flows.inputs import list_inputs
+    from flows.inputs import list_inputs, with_identities
     from flows.layout import Output
     from flows.pipeline import GenerateConfig
     src = tmp_path / "p.parquet"
@@ -132,9 +132,11 @@ def test_cli_output_with_other_settings_one_error_line(tmp_path):
     out = tmp_path / "run"
     from decoders.spec import DecodeSpec
     old = GenerateConfig(prompts=(str(src),), image_format="webp", decoder=DecodeSpec.parse("ssd+csd")).recorded(
-        list_inputs([str(src)]))  # the CLI's default decoder, so only the image format differs
-    Output(str(out)).ensure_config(old)  # an earlier run's settings: webp
+        with_identities(list_inputs([str(src)])))  # the CLI's default decoder, so only the image format differs
+    Output(str(out)).write_config(old, replacing=False)  # an earlier run's settings: webp
+    # a committed (empty) shard: settings are pinned only once one is (a run that committed nothing may change)
+    Output(str(out)).commit(0, {"shard": 0, "files": [], "rows": 0, "ok": 0, "failed": 0})
     r = _cli("--prompts", str(src), "--out", str(out), "--shard-size", "256", home=tmp_path / "prefect")
     _assert_one_error_line(r, "other settings", "(image_format, quality differ", "image_format was 'webp'")
-    assert sorted(p.name for p in out.iterdir()) == ["_config.json"]  # nothing committed
+    assert sorted(p.name for p in out.iterdir()) == ["_config.json", "shards"]  # nothing more written
     assert json.loads((out / "_config.json").read_text()) == old  # and the old run's settings untouched

@@ -63,7 +63,7 @@ def _run_dir(tmp_path):
     written but never committed (the driver died before its marker)."""
     from flows.layout import Output
     out = Output(str(tmp_path / "run"))
-    out.ensure_config({"shard_size": 4})
+    out.write_config({"shard_size": 4}, replacing=False)
     committed = _commit(out, 0)
     losing = out.new_attempt(0)
     out.write_bytes(f"{losing}/00000.tar", b"half a tar", 1)
@@ -102,14 +102,14 @@ def test_webdataset_alone_and_export_of_a_parquet_run(tmp_path):
     from flows.layout import Output
     from flows.webdataset_shards import shard_tar
     wds_only = Output(str(tmp_path / "w"))
-    wds_only.ensure_config({"shard_size": 4})
+    wds_only.write_config({"shard_size": 4}, replacing=False)
     a = _commit(wds_only, 0, fmt="webdataset")
     assert sorted(p.name for p in (tmp_path / "w" / a.rsplit("w/", 1)[1]).iterdir()) == ["00000.tar", "stats.parquet"]
     assert "image" not in ssdgen.open_run(wds_only.url).schema.names  # the statistics; images are in the tar
     with pytest.raises(ValueError, match="--format webdataset"):
         ssdgen.export(wds_only.url, str(tmp_path / "x"), "parquet")
     pq_only = Output(str(tmp_path / "p"))
-    pq_only.ensure_config({"shard_size": 4})
+    pq_only.write_config({"shard_size": 4}, replacing=False)
     _commit(pq_only, 0, fmt="parquet")
     ssdgen.export(pq_only.url, str(tmp_path / "built"), "webdataset")  # tars built from the Parquet
     assert (tmp_path / "built" / "00000.tar").read_bytes() == shard_tar(0, *_tables(0))[0]
@@ -119,7 +119,7 @@ def test_report_reads_the_images_of_a_webdataset_only_run(tmp_path):
     from bench.report import load_run
     from flows.layout import Output
     out = Output(str(tmp_path / "w"))
-    out.ensure_config({"shard_size": 4})
+    out.write_config({"shard_size": 4}, replacing=False)
     _commit(out, 0, fmt="webdataset")
     run = load_run(out.url)
     ok = [im for im in run["images"] if im["image"] is not None]

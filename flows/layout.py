@@ -2,18 +2,21 @@
 
     {out}/_config.json                                   run settings (no secrets); resume must match them
     {out}/_plan.json                                     a calibrated decoder's plan, decided once (flows.pipeline)
+    {out}/_lease/{generation:08d}.json                   the running driver's lease (flows.lease)
     {out}/shards/{shard:06d}/attempt-{uuid}/images.parquet   one row per prompt: image {bytes, path}, token grid, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/stats.parquet    one row per prompt: status, error, forwards, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/audit.parquet    with --audit: one row per audited prompt (flows.audit)
     {out}/shards/{shard:06d}/attempt-{uuid}/{shard:05d}.tar  with --format webdataset|both (flows.webdataset_shards)
     {out}/shards/{shard:06d}/_SUCCESS.json               commit marker, written last, create-only
+    {out}/shards/{shard:06d}/_DAMAGED-{uuid}.json        a marker whose files failed the check (flows.verify)
     {out}/manifest.parquet                               one row per committed shard (file URLs, rows, sha256)
     {out}/summary.json                                   run totals and cost
 
 Data files go under attempt-unique keys, so a retry never overwrites what another attempt wrote (S3 has no
 rename, and a half-written object must never look done). The marker names the exact files, their row counts
 and SHA-256, and is written create-only: the first attempt to commit wins, later ones are garbage. Readers
-and resume trust only marked shards; `gc` deletes unmarked attempts at the end of a run.
+and resume trust only marked shards whose files pass the check; `gc` deletes unmarked attempts at the end of a
+run. The run's own files (config, plan, manifest, summary) are replaced whole (`put`), never half-written.
 
 A run may have millions of shards, so nothing here holds every marker at once: `committed_ids` reads only
 the marker *names* (one listing), `iter_markers` streams the markers in shard order in chunks, and the

@@ -106,7 +106,8 @@ class Lease:
 
     def _generations(self) -> list[int]:
         try:
-            names = self.out.fs.ls(self.out.path(LEASE_DIR), detail=False)
+            # refresh: an object store's client caches listings, and a takeover must be seen by the holder
+            names = self.out.fs.ls(self.out.path(LEASE_DIR), detail=False, refresh=True)
         except FileNotFoundError:
             return []
         return sorted(int(n) for n in (posixpath.basename(p).removesuffix(".json") for p in names) if n.isdigit())

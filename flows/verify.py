@@ -34,6 +34,7 @@ class Damage:
 
 def _listing(out: Output) -> dict[str, dict]:
     """path -> info of every file under shards/ (one paginated listing, not a request per file)."""
+    out.fs.invalidate_cache()  # an object store's client caches listings: this one must be the store's now
     try:
         return out.fs.find(out.path("shards"), detail=True)
     except FileNotFoundError:

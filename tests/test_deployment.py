@@ -175,9 +175,10 @@ def test_ssdgen_serve_cron_fires_on_a_prefect_server(tmp_path, prefect_scheduler
         assert len(started) == 1, [(r.name, r.state) for r in started]
         fr = started[0]
         assert fr.state.is_completed(), f"{fr.state!r}\n{proc.tail()}"
-        # created by the schedule: auto-scheduled, at a minute boundary, started no earlier than that
+        # created by the schedule: auto-scheduled, at a minute boundary, started when it was due (the runner
+        # fetches due runs a little ahead and may start one a fraction of a second early: the clocks are two)
         assert fr.auto_scheduled and fr.expected_start_time.second == 0, fr
-        assert fr.start_time >= fr.expected_start_time
+        assert abs((fr.start_time - fr.expected_start_time).total_seconds()) < 30, fr
         day = Path(str(out).replace("{date}", fr.expected_start_time.strftime("%Y-%m-%d")))
         man, ids = _committed(day)
         assert sum(m["ok"] for m in man) == len(expected) and sorted(ids) == expected

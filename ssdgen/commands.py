@@ -96,7 +96,7 @@ def _nothing_to_do(prep) -> None:
                "check out (ssdgen verify reads them all back)")
     if (recorded := prep.out.read_json(SUMMARY)) is not None:
         typer.echo("the run's recorded totals (summary.json, unchanged):")
-        _print_summary(recorded | {"summary": prep.out.full_url(prep.out.path(SUMMARY))})
+        _print_summary(recorded | {"shards_run_now": 0, "summary": prep.out.full_url(prep.out.path(SUMMARY))})
 
 
 def _print_summary(s: dict) -> None:

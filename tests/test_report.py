@@ -117,3 +117,15 @@ def test_report_reads_a_run_on_s3(run, s3, tmp_path):
     info = write_report("s3://ssdgen-test/run", tmp_path / "r.html")
     assert info == {"shards": 2, "images_ok": 5, "images_failed": 1}
     assert (tmp_path / "r.html").read_text(encoding="utf-8").count('class="tile heatmap"') == 5
+
+
+def test_the_report_says_what_a_calibrated_decoders_plan_decided(run, tmp_path):
+    import json
+    import shutil
+    from bench.report import write_report
+    out = tmp_path / "run"
+    shutil.copytree(run["out"], out)
+    (out / "_plan.json").write_text(json.dumps({"rows": 0, "batch": 16, "measured": {"0": 3.9, "1": 2.4}}))
+    write_report(str(out), tmp_path / "r.html")
+    text = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "decoded as plain AR: faster on this device at batch 16 (plain AR 3.90, 1 row(s) 2.40 images/s)" in text

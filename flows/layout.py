@@ -25,18 +25,16 @@ manifest is written from that stream (`write_manifest` takes any iterable of mar
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import io
 import json
-import os
 import posixpath
 import uuid
 from typing import Iterable, Iterator
 
-import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from .store import CorruptMarker, Store, StorageError, storage_error as _storage_error  # noqa: F401 (re-exported)
 
 CONFIG, MANIFEST, SUMMARY, MARKER = "_config.json", "manifest.parquet", "summary.json", "_SUCCESS.json"
 PLAN = "_plan.json"
@@ -97,36 +95,10 @@ class ConfigMismatch(ValueError):
     """The output URL holds a run with other settings: resuming it would mix two runs."""
 
 
-class CorruptMarker(ValueError):
-    """A commit marker that is not the JSON the run wrote (truncated, edited): named, never guessed at."""
-
-
-class StorageError(OSError):
-    """A write or read the store refused (a full disk, no permission, a missing bucket): the message names the
-    URL. It keeps the errno, so a full disk is not retried as if it were a reset connection."""
-
-
-def _storage_error(url: str, exc: OSError) -> StorageError:
-    reason = os.strerror(exc.errno) if exc.errno else (str(exc) or type(exc).__name__)
-    if exc.errno == errno.ENOSPC:
-        reason += " (the disk is full: free space, then run the same command to resume)"
-    return StorageError(exc.errno, f"{url}: {reason}")
-
-
-class Output:
-    def __init__(self, url: str):
-        self.fs, root = fsspec.core.url_to_fs(url)
-        self.root = root.rstrip("/")
-        self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
-        self.url = url
+class Output(Store):
+    """A run's output: its layout, settings, plan, markers, manifest and summary on a `Store`."""
 
     # paths ------------------------------------------------------------------------------------------
-    def path(self, *parts: str) -> str:
-        return posixpath.join(self.root, *parts)
-
-    def full_url(self, path: str) -> str:
-        return self.fs.unstrip_protocol(path)
-
     def shard_dir(self, shard: int) -> str:
         return self.path("shards", f"{shard:06d}")
 
@@ -163,20 +135,6 @@ class Output:
         return (f"{self.full_url(p)}: this output holds a run with other settings ({', '.join(diff)} differ; "
                 f"{k} was {was}, now {now}); use a new --out, the same settings to resume, or --overwrite")
 
-    def read_json(self, name: str) -> dict | None:
-        """One of the run's JSON files (config, plan, summary), or None when absent; a corrupt one is named."""
-        p = self.path(name)
-        try:
-            data = self.fs.cat_file(p)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise _storage_error(self.full_url(p), e) from None
-        try:
-            return json.loads(data)
-        except ValueError as e:
-            raise CorruptMarker(f"{self.full_url(p)}: not valid JSON ({e}); the file was damaged or edited") from None
-
     def read_config(self) -> dict:
         conf = self.read_json(CONFIG)
         if conf is None:
@@ -191,88 +149,11 @@ class Output:
         """Record the plan before any shard decodes with it: a resume reads it back instead of re-measuring."""
         self.put(self.path(PLAN), json.dumps(plan, indent=1, sort_keys=True).encode())
 
-    def remove(self, name: str) -> None:
-        try:
-            self.fs.rm_file(self.path(name))
-        except FileNotFoundError:
-            pass
-
-    def put(self, path: str, data: bytes) -> None:
-        """Replace the file at `path` whole, or leave the old one: a failure (a full disk) never leaves a
-        half-written file where a good one was. Local disks: a temp file beside it, then an atomic rename;
-        object stores: one PUT, which is visible complete or not at all."""
-        self._parent(path)
-        try:
-            if self.protocol not in ("file", "local"):
-                self.fs.pipe_file(path, data)
-                return
-            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-        except StorageError:
-            raise
-        except OSError as e:
-            raise _storage_error(self.full_url(path), e) from None
-
-    def _parent(self, path: str) -> None:
-        """Local file systems need the folder; object stores have no folders (and must not get buckets made)."""
-        if self.protocol in ("file", "local"):
-            try:
-                self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-            except OSError as e:
-                raise _storage_error(self.full_url(posixpath.dirname(path)), e) from None
-
     # data and commit --------------------------------------------------------------------------------
-    def write_table(self, path: str, table: pa.Table) -> dict:
-        """One PUT of a whole Parquet file; returns its record for the marker."""
-        buf = io.BytesIO()
-        pq.write_table(table, buf, compression="zstd")
-        return self.write_bytes(path, buf.getvalue(), table.num_rows)
-
-    def write_bytes(self, path: str, data: bytes, rows: int) -> dict:
-        """One PUT of a whole file (visible all at once, or not at all); returns its record for the marker: its
-        size, SHA-256 and what the store can check cheaply later (flows.verify): the MD5 an S3 ETag is, and a
-        local file's mtime."""
-        self._parent(path)
-        try:
-            self.fs.pipe_file(path, data)
-            record = {"path": posixpath.relpath(path, self.root), "rows": rows, "bytes": len(data),
-                      "sha256": hashlib.sha256(data).hexdigest(), "md5": hashlib.md5(data).hexdigest()}
-            if self.protocol in ("file", "local"):
-                record["mtime"] = self.fs.info(path)["mtime"]
-            return record
-        except OSError as e:
-            raise _storage_error(self.full_url(path), e) from None
-
     def commit(self, shard: int, marker: dict) -> bool:
         """Write the shard's marker create-only. False if another attempt committed first."""
         p = posixpath.join(self.shard_dir(shard), MARKER)
         return self.create(p, json.dumps(marker, indent=1, sort_keys=True).encode())
-
-    def create(self, p: str, data: bytes) -> bool:
-        """Write `data` at `p` create-only, all at once. False if the name exists."""
-        self._parent(p)
-        if self.protocol in ("file", "local"):
-            try:
-                return _link_create(p, data)
-            except OSError as e:
-                raise _storage_error(self.full_url(p), e) from None
-        try:
-            with self.fs.open(p, "xb") as f:
-                f.write(data)
-            return True
-        except FileExistsError:
-            return False
-        except (ValueError, NotImplementedError):  # a filesystem without create-only writes
-            if self.fs.exists(p):
-                return False
-            self.fs.pipe_file(p, data)
-            return True
 
     def marker_paths(self) -> list[str]:
         """Every commit marker's path, in shard order (by the id in the path, numerically)."""
@@ -434,23 +315,6 @@ def file_kind(path: str) -> str:
     """A data file's kind from its name: images, stats, audit (the Parquet stem) or tar ({shard:05d}.tar)."""
     name = posixpath.basename(path)
     return "tar" if name.endswith(".tar") else name.split(".")[0]
-
-
-def _link_create(path: str, data: bytes) -> bool:
-    """Create-only and atomic on a local disk: write a private temp file, then hard-link it into place
-    (link fails if the name exists), so a reader never sees a half-written marker."""
-    import os
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        if os.path.exists(tmp):  # a full disk fails the write itself: no temp file stays behind either
-            os.unlink(tmp)
 
 
 def shard_tables(samples: list[dict], rows: list[dict], decoder: str, model: str,

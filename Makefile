@@ -8,7 +8,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test install install-dev clean
+.PHONY: demo test lint install install-dev clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,8 +30,13 @@ install-dev: $(VENV)/.installed-dev
 demo: install
 	$(BIN)/ssdgen demo --out out
 
+# the linter first: seconds, where the suite takes minutes
 test: install-dev
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install-dev
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) out .prefect_home .pytest_cache

@@ -32,11 +32,13 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
               quality_batch: int = typer.Option(64, help="batch size of the quality and fidelity decodes (not "
                                                          "timed; on a CPU speculation is cheapest at 16)"),
               tolerance: float = typer.Option(0.15, help="allowed |NLL gap| in nats/token (95% interval)"),
-              json_path: Optional[Path] = typer.Option(None, "--json"),
+              json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
               html: Optional[Path] = typer.Option(None, "--html", help="write a standalone HTML report here"),
               device_type: str = typer.Option("cpu", help="price row in infra/prices.csv for $ per 1k images "
                                                           "(cpu = per vCPU x torch threads; a GPU type = 1 GPU)"),
-              device: str = DEVICE, dtype: str = DTYPE, seed: int = 0, model: Optional[str] = MODEL):
+              device: str = DEVICE, dtype: str = DTYPE,
+              seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
+              model: Optional[str] = MODEL):
     """Compare decoders side by side: forwards, time, cost, quality and fidelity, speedups measured in this
     run. The decoders share one sampling setting (give cfg, temperature, top_k, top_p in each spec)."""
     from bench.decode import bench, check_args, resolve_device
@@ -73,10 +75,11 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd", help="comma-separated s
 def fidelity_cmd(decoders: str = typer.Option("sjd,ssd:lossless=true,csd,ssd+csd",
                                               help="comma-separated specs, each compared with ar"),
                  n: int = typer.Option(256, help="prompts: the first n eval prompts, or of --prompts"),
-                 batch_size: int = 64, seed: int = 0,
+                 batch_size: int = typer.Option(64, help="prompts per decoder call"),
+                 seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
                  tolerance: float = typer.Option(0.15, help="allowed |NLL gap| in nats/token (95% interval)"),
                  prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)"),
-                 json_path: Optional[Path] = typer.Option(None, "--json"),
+                 json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
                  device: str = DEVICE, dtype: str = DTYPE, model: Optional[str] = MODEL):
     """Fidelity against the target: NLL per token of each decoder's tokens under the model, its gap to AR
     with bootstrap intervals, FD to AR's own samples and accuracy deltas (reference model)."""
@@ -110,7 +113,8 @@ def fidelity_cmd(decoders: str = typer.Option("sjd,ssd:lossless=true,csd,ssd+csd
 @friendly
 def calibrate_cmd(decoder: str = RUN_DECODER,
                   batch_sizes: str = typer.Option("1,4,16", help="comma-separated batch sizes"),
-                  json_path: Optional[Path] = typer.Option(None, "--json"), seed: int = 0,
+                  json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
+                  seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
                   device: str = DEVICE, dtype: str = DTYPE, model: Optional[str] = MODEL):
     """What a calibrated decoder (calibrated=true, ssd+csd's default) would decide on this device at each batch
     size, as `generate` decides it once per run (decoders/calibrate.py): the curve's estimates, the timed
@@ -149,8 +153,8 @@ def projection_cmd(bench_json: Path = typer.Option(..., "--bench-json", help="a 
                                                                   "{1b, 7b} (e.g. 7b@48 = 7B params, 48x48 tokens)"),
                    batch_sizes: str = typer.Option("1,4,16,64", help="comma-separated"),
                    cfg: bool = typer.Option(True, help="classifier-free guidance doubles the batch"),
-                   json_path: Optional[Path] = typer.Option(None, "--json"),
-                   html: Optional[Path] = typer.Option(None, "--html")):
+                   json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
+                   html: Optional[Path] = typer.Option(None, "--html", help="write a standalone HTML page here")):
     """PROJECTION (not a measurement): images/s and $ per 1k images on named accelerators, from a bench's
     measured acceptance statistics and a roofline model; the KV cache caps the batch."""
     from bench.projection import project_cli
@@ -168,9 +172,10 @@ def projection_cmd(bench_json: Path = typer.Option(..., "--bench-json", help="a 
 
 @app.command("bench-plan")
 @friendly
-def bench_plan_cmd(rows: int = 10_000_000, files: int = 100,
+def bench_plan_cmd(rows: int = typer.Option(10_000_000, help="synthetic prompt rows"),
+                   files: int = typer.Option(100, help="Parquet files they are split into"),
                    workdir: Optional[str] = typer.Option(None, help="where the synthetic Parquet goes (kept)"),
-                   json_path: Optional[Path] = typer.Option(None, "--json")):
+                   json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
     """Planning benchmark: list and shard synthetic prompt Parquet from metadata only (bars: 60 s, 2 GB)."""
     from bench.plan import run
     res = run(rows=rows, files=files, workdir=workdir)
@@ -181,8 +186,12 @@ def bench_plan_cmd(rows: int = 10_000_000, files: int = 100,
 
 @app.command("bench-pipeline")
 @friendly
-def bench_pipeline_cmd(n: int = 128, decoder: str = "ar", batch_size: int = 16, threads: int = 2,
-                       shard_size: int = 32, json_path: Optional[Path] = typer.Option(None, "--json")):
+def bench_pipeline_cmd(n: int = typer.Option(128, help="prompts"),
+                       decoder: str = DECODER,
+                       batch_size: int = typer.Option(16, help="prompts per decoder call"),
+                       threads: int = typer.Option(2, help="torch threads of both sides"),
+                       shard_size: int = typer.Option(32, help="rows per shard"),
+                       json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
     """Pipeline overhead: `generate` end to end vs the bare decoder loop (same decoder, batch, threads)."""
     from bench.pipeline import run
     res = run(n=n, decoder=decoder, batch_size=batch_size, threads=threads, shard_size=shard_size, log=typer.echo)
@@ -193,14 +202,15 @@ def bench_pipeline_cmd(n: int = 128, decoder: str = "ar", batch_size: int = 16, 
 
 @app.command("bench-scaling")
 @friendly
-def bench_scaling_cmd(sides: str = typer.Option("8,16,32", help="grid sides n"), n: int = 8,
+def bench_scaling_cmd(sides: str = typer.Option("8,16,32", help="grid sides n"),
+                      n: int = typer.Option(8, help="prompts per grid side"),
                       reference_bench: Optional[str] = typer.Option("docs/results/bench_main.json",
                                                                     help="bench JSON of the trained 16x16 model"),
-                      plot: Path = typer.Option(Path("docs/ssd_scaling.png")),
-                      json_path: Optional[Path] = typer.Option(None, "--json")):
+                      plot: Optional[Path] = typer.Option(None, help="write the log-log plot (PNG) here"),
+                      json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
     """SSD's scaling claim: forwards per image against grid side n, with a log-log plot."""
     from bench.scaling import run
-    res = run(tuple(int(x) for x in sides.split(",")), n, reference_bench, str(plot), log=typer.echo)
+    res = run(tuple(int(x) for x in sides.split(",")), n, reference_bench, plot and str(plot), log=typer.echo)
     typer.echo(json.dumps(res["loglog_slope"], indent=1))
     if json_path:
         json_path.write_text(json.dumps(res, indent=1))
@@ -210,9 +220,10 @@ def bench_scaling_cmd(sides: str = typer.Option("8,16,32", help="grid sides n"),
 @friendly
 def bench_scale_cmd(n: int = typer.Option(200_000, help="prompts"),
                     shard_size: int = typer.Option(10, help="rows per shard"),
-                    actors: int = typer.Option(2, help="Ray actors"), batch_size: int = 16,
+                    actors: int = typer.Option(2, help="Ray actors"),
+                    batch_size: int = typer.Option(16, help="prompts per decoder call"),
                     decoder: str = DECODER, plot: Optional[Path] = typer.Option(None, "--plot", help="RSS plot (PNG)"),
-                    json_path: Optional[Path] = typer.Option(None, "--json"),
+                    json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
                     workdir: Optional[str] = typer.Option(None, help="where inputs and output go (kept); default a "
                                                                        "temporary folder, removed after")):
     """Orchestration at scale: the flow over N prompts with a tiny model (decoding costs almost nothing); wall

@@ -124,7 +124,8 @@ class SpeedTally:
     def row(self) -> dict:
         fc, n, secs, accepted = self.fc, self.n, self.seconds, self.accepted
         return {"decoder": self.spec.label, "params": dict(self.spec.params), "batch_size": self.batch_size, "n": n,
-                "forwards_per_image": float(np.mean(self.forwards)), "tokens_per_forward": float(np.mean(self.committed)),
+                "forwards_per_image": float(np.mean(self.forwards)),
+                "tokens_per_forward": float(np.mean(self.committed)),
                 # drafts accepted / drafts verified (nan for ar): the heads' and drafters' quality
                 "acceptance_rate": float(np.nanmean(accepted)) if not np.all(np.isnan(accepted)) else None,
                 "seconds_per_image": secs / n, "images_per_s": n / secs,
@@ -269,7 +270,8 @@ def _add_quality(model, decs, rows, chosen, n, batch, seed, log) -> None:
     for spec in decs:
         if chosen is not None and spec not in chosen:
             continue
-        q = evaluate(model, uncapped(spec), n, batch, seed)  # a calibrated spec at its widest choice (bench/fidelity.py)
+        # a calibrated spec at its widest choice (bench/fidelity.py)
+        q = evaluate(model, uncapped(spec), n, batch, seed)
         log(f"quality {spec.label:<27}: scene {q['scene_accuracy']:.3f}, object "
             f"{q['object_accuracy']:.3f}, FD {q['fd']:.2f}")
         for row in rows:

@@ -108,6 +108,18 @@ def _best_us(fn, reps: int = 200) -> float:
     return best * 1e6
 
 
+def _rng_cases(rng, b: int, width: int, codes: int) -> tuple:
+    """(what, per-sample generators, counter-based streams) for a batch of b: the two ways to draw it."""
+    gens = [torch.Generator().manual_seed(s) for s in range(b)]
+    streams, t = rng.Streams(list(range(b))), torch.zeros(b, dtype=torch.long)
+    noise = streams.base(rng.Purpose.NOISE)
+    at = torch.arange(b)
+    return (("sjd window uniforms", lambda: torch.stack([torch.rand(width, generator=g) for g in gens]),
+             lambda: streams.uniform(rng.Purpose.SJD_STEP, t, width=width)),
+            ("coupled noise row", lambda: torch.stack([torch.rand(1, codes, generator=g) for g in gens]),
+             lambda: rng.uniform(noise, at, width=codes)))
+
+
 def rng_rows(batches: list[int], width: int, codes: int) -> list[dict]:
     """One forward's randomness: per-sample generators against the counter-based streams (none before
     decoders/rng.py existed)."""
@@ -117,15 +129,7 @@ def rng_rows(batches: list[int], width: int, codes: int) -> list[dict]:
         return []
     rows = []
     for b in batches:
-        gens = [torch.Generator().manual_seed(s) for s in range(b)]
-        streams, t = rng.Streams(list(range(b))), torch.zeros(b, dtype=torch.long)
-        noise = streams.base(rng.Purpose.NOISE)
-        at = torch.arange(b)
-        for what, old, new in (
-                ("sjd window uniforms", lambda: torch.stack([torch.rand(width, generator=g) for g in gens]),
-                 lambda: streams.uniform(rng.Purpose.SJD_STEP, t, width=width)),
-                ("coupled noise row", lambda: torch.stack([torch.rand(1, codes, generator=g) for g in gens]),
-                 lambda: rng.uniform(noise, at, width=codes))):
+        for what, old, new in _rng_cases(rng, b, width, codes):
             rows.append({"what": what, "batch": b, "width": codes if "noise" in what else width,
                          "generators_us": _best_us(old), "counter_based_us": _best_us(new)})
             r = rows[-1]

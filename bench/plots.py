@@ -249,7 +249,8 @@ def bench_html(res: dict, samples: dict | None = None) -> str:
     body = ["<h2>Results</h2>", table(rows, BENCH_COLS, left=("decoder",))]
     if p:
         body.append(f'<p class="meta">$ / 1k images = device-seconds per image &times; '
-                    f'{esc(p.get("on_demand_usd_per_hour"))} $/{esc(p.get("unit"))}-hour on demand / 3600 &times; 1000, '
+                    f'{esc(p.get("on_demand_usd_per_hour"))} $/{esc(p.get("unit"))}-hour on demand / 3600 '
+                    '&times; 1000, '
                     f'with {esc(res.get("devices"))} {esc(p.get("unit"))}(s) billed '
                     f'(device type {esc(p.get("device_type"))}, {esc(p.get("instance_type"))}; '
                     f'price as of {esc(p.get("as_of"))}: {esc(p.get("source"))}).</p>')

@@ -31,9 +31,9 @@ Assumptions (stated in every result under "assumptions"):
   - one image per CFG pair of rows; a batch larger than the KV cap is reported as not fitting (no throughput);
   - price: on-demand $ per GPU-hour from infra/prices.csv; VQ decoding of tokens to pixels is not counted.
 
-`bench.projection_check.calibrate(bench)` applies the same method to the bench's own model on this CPU, with this CPU's bandwidth
-and FLOP/s measured by a torch copy / matmul microbenchmark, and reports the error of the predicted s/image
-against the measured one.
+`bench.projection_check.calibrate(bench)` applies the same method to the bench's own model on this CPU, with this
+CPU's bandwidth and FLOP/s measured by a torch copy / matmul microbenchmark, and reports the error of the predicted
+s/image against the measured one.
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ def forward_time(acc: Accelerator, m: ModelSpec, rows: float, tokens_per_row: fl
     t_mem = bytes_ / (acc.mem_bw * rf.bw_eff)
     t_flop = flops / (acc.peak_flops * rf.flops_eff)
     return {"tokens_in_flight": tokens, "flops": flops, "bytes": bytes_, "t_memory_s": t_mem, "t_compute_s": t_flop,
-            "bound": "memory" if t_mem >= t_flop else "compute", "seconds": max(t_mem, t_flop) + rf.overhead_per_forward}
+            "bound": "memory" if t_mem >= t_flop else "compute",
+            "seconds": max(t_mem, t_flop) + rf.overhead_per_forward}
 
 
 def kv_cap(acc: Accelerator, m: ModelSpec, grid_tokens: int, cfg: bool, spare: int = 0) -> int:

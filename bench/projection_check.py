@@ -74,7 +74,8 @@ def calibrate(bench: dict, cpu: dict | None = None, rf: Roofline = Roofline(), b
     out = []
     for st, meas in zip(decoder_stats(bench, assume_no_straggler=True), bench["rows"]):
         p = project_one(st, acc, m, grid, st.effective_batch or st.batch_size, cfg, None, rf)
-        out.append({"source": meas.get("source"), "decoder": st.decoder, "batch_size": st.batch_size, "images_per_batch": p["batch_size"],
+        out.append({"source": meas.get("source"), "decoder": st.decoder, "batch_size": st.batch_size,
+                    "images_per_batch": p["batch_size"],
                     "bound": p["bound"], "derived": list(st.derived),
                     "predicted_s_per_image": p["seconds_per_image"], "measured_s_per_image": meas["seconds_per_image"],
                     "error_pct": 100 * (p["seconds_per_image"] - meas["seconds_per_image"]) / meas["seconds_per_image"],
@@ -172,8 +173,9 @@ def main(argv: list[str]) -> None:
            "roofline_plus_overhead_and_matmul_efficiency": calibrate_fitted(bench, cpu, bandwidth="bw_dram")}
     for k, v in res.items():
         print(f"{k}: mean |error| {v['mean_abs_error_pct']:.1f}%"
-              + (f", held out {v['mean_abs_error_pct_held_out']:.1f}% (overhead {v['overhead_per_forward_s'] * 1e3:.2f} "
-                 f"ms/forward" + (f", matmul efficiency {v['flops_eff']:.3f}" if "flops_eff" in v else "")
+              + (f", held out {v['mean_abs_error_pct_held_out']:.1f}% "
+                 f"(overhead {v['overhead_per_forward_s'] * 1e3:.2f} ms/forward"
+                 + (f", matmul efficiency {v['flops_eff']:.3f}" if "flops_eff" in v else "")
                  + f"; fitted on {v['fitted_on']})" if "fitted_on" in v else ""))
         for r in v["rows"]:
             print(f"  {str(r['source']):<22} {r['decoder']:<26} batch {r['batch_size']:>3} {r['bound']:<7} predicted "

@@ -75,7 +75,8 @@ def _shard_images(out: Output, f: dict) -> list[dict]:
 
 
 def _tar_rows(out: Output, url: str) -> list[dict]:
-    """Image rows from a WebDataset tar (flows.webdataset_shards): KEY.json gives the row, KEY.{png,webp,jpg} the image."""
+    """Image rows from a WebDataset tar (flows.webdataset_shards): KEY.json gives the row, KEY.{png,webp,jpg} the
+    image."""
     fs, path = (out.fs, url) if "://" not in url else _fs_for(url)
     rows: dict[str, dict] = {}
     with fs.open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
@@ -92,16 +93,12 @@ def _tar_rows(out: Output, url: str) -> list[dict]:
 
 
 def _image_rows(out: Output, url: str) -> list[dict]:
-    """A shard's image rows with `image` as the encoded bytes (or None). Runs written before the `image`
-    struct column stored the bytes in a `png` column: they still get a report."""
+    """A shard's image rows with `image` as the encoded bytes (or None)."""
     fs, path = (out.fs, url) if "://" not in url else _fs_for(url)
     with fs.open(path, "rb") as f:
-        pf = pq.ParquetFile(f)
-        legacy = "image" not in pf.schema_arrow.names
-        cols = [("png" if c == "image" else c) for c in IMAGE_COLS] if legacy else IMAGE_COLS
-        rows = pf.read(columns=cols).to_pylist()
+        rows = pq.ParquetFile(f).read(columns=IMAGE_COLS).to_pylist()
     for r in rows:
-        r["image"] = r.pop("png") if legacy else (r["image"] or {}).get("bytes")
+        r["image"] = (r["image"] or {}).get("bytes")
     return rows
 
 

@@ -1,4 +1,4 @@
-"""`ssdgen bench-scale`: the generation flow over many prompts with a tiny model, so that decoding costs almost
+"""`ssdgen dev bench-scale`: the generation flow over many prompts with a tiny model, so that decoding costs almost
 nothing and what is measured is the orchestration: wall time, images/s, per-shard overhead, actor utilisation,
 and the resident memory of the driver and of each actor, sampled over the run.
 

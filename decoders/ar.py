@@ -21,7 +21,7 @@ def prefill(model: ImageTokenModel, prompts: list[str], sc: SamplingConfig, stre
     each sample's TOKEN stream; its entropy goes to the tally. -> (the prefill's output, token 0 [B])."""
     out = model.start(prompts, sc.uses_cfg)
     q0 = next_probs(out, sc)  # [B, V]
-    tally.ent_sum += entropy(q0, tally.entropy_floor)
+    tally.ent_sum += entropy(q0)
     return out, sample_from(q0, streams.uniform(rng.Purpose.TOKEN, 0))
 
 
@@ -35,12 +35,12 @@ def decode_ar(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: 
     B, n = len(prompts), model.grid[0] * model.grid[1]
     u = streams.uniform(rng.Purpose.TOKEN, torch.arange(n, device=dev)[None])  # [B, H*W], all at once
     tokens = torch.zeros(B, n, dtype=torch.long, device=dev)  # [B, H*W]
-    tally = Tally(B, n, dev, hist_bins=2, entropy_floor=1e-12)  # every forward commits one token
+    tally = Tally(B, n, dev, hist_bins=2)  # every forward commits one token
     out, tokens[:, 0] = prefill(model, prompts, sc, streams, tally)
     for i in range(1, n):
         out = model.step(tokens[:, i - 1:i], torch.full((B, 1), i - 1, dtype=torch.long, device=dev))
         probs = next_probs(out, sc)  # [B, V]
-        tally.ent_sum += entropy(probs, tally.entropy_floor)
+        tally.ent_sum += entropy(probs)
         tokens[:, i] = sample_from(probs, u[:, i])
     tally.ar_forwards(n - 1)
     return DecodeResult(tokens, tally.stats(model.grid, (time.perf_counter() - t0) / B, {}))

@@ -32,6 +32,7 @@ from .cost_curve import best_rows, measure_cost_curve, sync, window_rates
 from .sampling import SamplingConfig
 
 WORTH_TIMING = 0.5  # time a choice whose estimate is at least this fraction of the best estimate
+AR_FASTER = "plain AR is faster on this device at this batch size"  # a plan of 0 rows, in the statistics
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,14 @@ class Plan:
         return cls(**d)
 
     @property
+    def ar_fallback(self) -> str | None:
+        """Why this plan decodes as plain AR (SampleStats.ar_fallback); None when it speculates."""
+        return AR_FASTER if self.rows == 0 else None
+
+    @property
     def policy(self) -> str:
         """What the statistics say: a fall-back to plain AR is reported, never silent."""
-        if self.rows == 0:
-            return "ar: plain AR is faster on this device at this batch size"
-        return f"calibrated: {self.rows} row(s)"
+        return f"ar: {AR_FASTER}" if self.rows == 0 else f"calibrated: {self.rows} row(s)"
 
 
 def planned(cfg: SSDConfig, rows: int) -> SSDConfig:

@@ -38,7 +38,8 @@ def run(spec: DecodeSpec, model: ImageTokenModel, prompts: list[str], seeds: lis
 def calibrate_spec(spec: DecodeSpec, model, prompts: list[str], seeds: list[int], batch: int) -> Plan:
     """The plan of a calibrated spec at `batch` on this model's device, timed on `prompts` (calibrate.py)."""
     cfg, sc = spec.config(), spec.sampling
-    return calibrate(model, cfg, sc, prompts, seeds, batch, choice_decoder(model, sc, load_heads(model, spec.heads), cfg))
+    decode_as = choice_decoder(model, sc, load_heads(model, spec.heads), cfg)
+    return calibrate(model, cfg, sc, prompts, seeds, batch, decode_as)
 
 
 def install_spec_plan(spec: DecodeSpec, model, plan: Plan | dict) -> None:

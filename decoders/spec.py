@@ -117,9 +117,6 @@ class DecodeSpec:
         return (self.label + f":cfg={_text(s.cfg_scale)}:temperature={_text(s.temperature)}:top_k={s.top_k}"
                 f":top_p={_text(s.top_p)}")
 
-    def with_sampling(self, sampling: SamplingConfig) -> "DecodeSpec":
-        return DecodeSpec(self.family, self.params, sampling, self.heads)
-
 
 def _check(family: str, params: dict, heads: str | None) -> None:
     """The family, its parameters (names, types and ranges: `decoder_config`) and the heads; ValueError naming

@@ -48,6 +48,8 @@ from .ssd_heads import SpatialHeads
 from .stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult, Tally
 from .verify import Relaxation, entropy, verify_all
 
+BUDGET_FULL = "batch fills the token budget"  # why a budgeted batch decodes as plain AR (statistics)
+
 
 def budget_rows(cfg: SSDConfig, batch: int, W: int) -> int:
     """Rows per sample that the batch's token budget allows (0: the batch alone fills the device)."""
@@ -114,6 +116,7 @@ def _decode_calibrated(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> Deco
     fixed = {"rows": 0, "commit": cfg.commit, "block_sizes": [], "rounds_per_block": []} if plan.rows == 0 else {}
     for st in res.stats:
         st.extra |= fixed | {"policy": plan.policy, "rows_cap": plan.rows, "plan": plan.to_dict()}
+        st.ar_fallback = plan.ar_fallback or st.ar_fallback  # or the planned rows' batch filled the budget
     return res
 
 
@@ -131,7 +134,8 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
     if budget_rows(cfg, len(prompts), W) == 0:
         res = decode_ar(model, prompts, seeds, sc)  # no headroom: speculation would only add work
         for st in res.stats:
-            st.extra = {"block_sizes": [], "rounds_per_block": [], "policy": "ar: batch fills the token budget"}
+            st.extra = {"block_sizes": [], "rounds_per_block": [], "policy": f"ar: {BUDGET_FULL}"}
+            st.ar_fallback = BUDGET_FULL
         return res
     plan = {"policy": "token budget" if cfg.token_budget else "fixed"}
     t0 = time.perf_counter()

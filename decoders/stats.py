@@ -29,6 +29,7 @@ class SampleStats:
     mean_entropy: float  # mean entropy (nats) of the processed target distribution per token
     relaxed: int = 0  # acceptances that needed a relaxation (CSD) rather than the lossless rule
     seconds: float = 0.0  # wall-clock share of this sample (batch time / batch size)
+    ar_fallback: str | None = None  # why a speculative decoder decoded it as plain AR; None: it did not
     extra: dict = field(default_factory=dict)  # decoder-specific (block sizes, rounds, ...)
 
     @property
@@ -59,11 +60,9 @@ class Tally:
     or each block's size and forwards (`block`: SSD's block decoder, whose histogram spreads a block's tokens
     over its forwards). Both count the prefill: one forward that commits token 0."""
 
-    def __init__(self, batch: int, width: int, device: torch.device | str, hist_bins: int = 0,
-                 entropy_floor: float = 1e-30):
+    def __init__(self, batch: int, width: int, device: torch.device | str, hist_bins: int = 0):
         """width: commit-code slots (the image's H*W and any spare slots past it, which are dropped); hist_bins:
-        the most tokens one forward can commit, plus 1 (0: the decoder records blocks instead); entropy_floor:
-        the clamp under log q in the recorded entropies (why two: below)."""
+        the most tokens one forward can commit, plus 1 (0: the decoder records blocks instead)."""
         self.rows = torch.arange(batch, device=device)
         self.commit = torch.full((batch, width), COMMIT_AR, dtype=torch.int8, device=device)  # [B, width]
         self.forwards = torch.ones(batch, dtype=torch.long, device=device)  # [B]; the prefill samples token 0
@@ -76,9 +75,6 @@ class Tally:
             self.hist[:, 1] = 1
         self.blocks: list[list[int]] = [[] for _ in range(batch)]  # tokens drafted per block
         self.rounds: list[list[int]] = [[] for _ in range(batch)]  # forwards per block
-        # AR has always recorded its entropies with a 1e-12 floor and the speculative decoders with 1e-30 (a
-        # difference only for probabilities under 1e-12); each keeps its own, so recorded statistics do not move
-        self.entropy_floor = entropy_floor
 
     def mark(self, pos: torch.Tensor, code, where: torch.Tensor) -> None:
         """Set the commit code at indices pos ([B] or [B, S]) where `where` (the same shape) holds; code: one

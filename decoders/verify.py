@@ -36,9 +36,9 @@ class Verdict:
     tv: torch.Tensor  # [B, K] total variation between p and q at each draft
 
 
-def entropy(q: torch.Tensor, floor: float = 1e-30) -> torch.Tensor:
-    """Entropy in nats over the last dim; `floor` clamps q under the log (AR's statistics use 1e-12, stats.Tally)."""
-    return -(q * q.clamp_min(floor).log()).sum(-1)
+def entropy(q: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats over the last dim (q clamped to 1e-30 under the log: a zero term stays 0, not nan)."""
+    return -(q * q.clamp_min(1e-30).log()).sum(-1)
 
 
 def normalised_entropy(q: torch.Tensor, how: str) -> torch.Tensor:

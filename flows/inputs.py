@@ -212,7 +212,8 @@ def _footer(fs, path: str, url: str, size: int, storage_options: dict | None) ->
     has_id, has_seed = _check_schema(url, schema)
     row_groups = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
     if sum(row_groups) != md.num_rows:
-        raise InputError(f"{url}: not a Parquet file (row groups hold {sum(row_groups)} rows, footer says {md.num_rows})")
+        raise InputError(f"{url}: not a Parquet file (row groups hold {sum(row_groups)} rows, "
+                         f"footer says {md.num_rows})")
     return InputFile(url=url, num_rows=md.num_rows, row_groups=row_groups, size=size,
                      has_prompt_id=has_id, has_seed=has_seed)
 

@@ -130,8 +130,8 @@ class Output(Store):
             return (f"{changed}: this input changed since the run at {self.url} started ({CONFIG} recorded other "
                     "content); resuming would mix old and new prompts. Restore it, use a new --out, or --overwrite")
         k = diff[0]
-        # a key one side lacks is an optional setting at its default (see GenerateConfig.recorded)
-        was, now = (repr(d[k]) if k in d else "the default" for d in (old, config))
+        # a key one side lacks: the run was recorded by another ssdgen version (GenerateConfig.recorded)
+        was, now = (repr(d[k]) if k in d else "not recorded" for d in (old, config))
         return (f"{self.full_url(p)}: this output holds a run with other settings ({', '.join(diff)} differ; "
                 f"{k} was {was}, now {now}); use a new --out, the same settings to resume, or --overwrite")
 

@@ -128,14 +128,14 @@ def generate(prompts: list[str], out: str = "out", model: str = "reference", dec
              audit_tolerance: float = DEFAULT_TOLERANCE, image_format: str = "png", quality: int = 90,
              format: str = "parquet", dtype: str = "auto", progress: bool = True, overwrite: bool = False) -> dict:
     """Generate an image for every prompt row; resumable. `decoder` is a decode spec (decoders/spec.py), e.g.
-    `ssd+csd:token_budget=0:cfg=3`, parsed here: the flow is the edge for deployments. `out` may hold `{date}`, filled with the run's
-    scheduled date (YYYY-MM-DD), so a scheduled deployment renders into one folder per day. `cluster_limit`
-    names a Prefect global concurrency limit (`prefect gcl create NAME --limit N`) that the run holds one slot
-    of per GPU (per actor on CPUs) while its actors exist. `audit` is the fraction of prompts whose NLL gap to
-    `ar` is measured (flows/audit.py), `audit_tolerance` the allowed gap. `image_format` (png, webp, jpeg) and
-    `quality` (webp/jpeg) choose how the images are encoded, `format` (parquet, webdataset, both) which files
-    a shard holds (flows/webdataset_shards.py), `dtype` the model's precision on the actors (auto, fp32, bf16, fp16).
-    `overwrite` deletes what the output holds first (said in the log)."""
+    `ssd+csd:token_budget=0:cfg=3`, parsed here: the flow is the edge for deployments. `out` may hold `{date}`,
+    filled with the run's scheduled date (YYYY-MM-DD), so a scheduled deployment renders into one folder per day.
+    `cluster_limit` names a Prefect global concurrency limit (`prefect gcl create NAME --limit N`) that the run
+    holds one slot of per GPU (per actor on CPUs) while its actors exist. `audit` is the fraction of prompts whose
+    NLL gap to `ar` is measured (flows/audit.py), `audit_tolerance` the allowed gap. `image_format` (png, webp,
+    jpeg) and `quality` (webp/jpeg) choose how the images are encoded, `format` (parquet, webdataset, both) which
+    files a shard holds (flows/webdataset_shards.py), `dtype` the model's precision on the actors (auto, fp32, bf16,
+    fp16). `overwrite` deletes what the output holds first (said in the log)."""
     if "{date}" in out:
         from prefect.runtime import flow_run
         when = flow_run.scheduled_start_time or datetime.now(timezone.utc)

@@ -165,7 +165,8 @@ def _read_groups(f: InputFile, groups: list[int], storage_options: dict | None) 
         if found != f.row_groups:
             # Rows would silently shift; retrying cannot help, so this is not an OSError.
             raise InputError(f"{f.url}: file changed since it was listed "
-                             f"({md.num_rows} rows in {len(found)} row groups, expected {f.num_rows} in {len(f.row_groups)})")
+                             f"({md.num_rows} rows in {len(found)} row groups, "
+                             f"expected {f.num_rows} in {len(f.row_groups)})")
         columns = [c for c in ("prompt", "prompt_id", "seed") if c in pf.schema_arrow.names]
         return pf.read_row_groups(groups, columns=columns)
 

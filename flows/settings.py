@@ -88,17 +88,13 @@ class GenerateConfig:
                 "image_format": self.image_format, "quality": self.quality, "dtype": self.dtype}
 
     def recorded(self, files: list[InputFile]) -> dict:
-        """What `_config.json` holds: everything that decides which images come out. No credentials."""
-        keys = ("model", "seed", "shard_size", "batch_size")
-        # audit keys only when auditing: a run from before the audit existed still resumes without one
-        audit = {"audit": self.audit, "audit_tolerance": self.audit_tolerance} if self.audit > 0 else {}
-        # likewise the encoding only when not png, so a run from before --image-format still resumes; quality
-        # only where it changes the bytes (png ignores it)
-        image = {"image_format": self.image_format, "quality": self.quality} if self.image_format != "png" else {}
-        # and the output format only when not parquet: a resume must not mix shards with and without tars
-        fmt = {"format": self.format} if self.format != "parquet" else {}
-        dtype = {"dtype": self.dtype} if self.dtype != "auto" else {}  # a precision changes the images
-        return {k: getattr(self, k) for k in keys} | {"decoder": str(self.decoder)} | audit | image | fmt | dtype | {
+        """What `_config.json` holds: everything that decides which images come out, and the output format (a
+        resume must not mix shards with and without tars). Every key always, whatever its value. No credentials."""
+        keys = ("model", "seed", "shard_size", "batch_size", "audit", "audit_tolerance", "image_format", "quality",
+                "format", "dtype")
+        # png ignores --quality: recorded as null there, so another --quality resumes a png run
+        quality = {"quality": None} if self.image_format == "png" else {}
+        return {k: getattr(self, k) for k in keys} | quality | {"decoder": str(self.decoder)} | {
             "inputs": [{"url": f.url, "rows": f.num_rows, "bytes": f.size} | ({"content": f.identity} if f.identity
                                                                               else {}) for f in files]}
 

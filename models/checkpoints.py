@@ -45,7 +45,7 @@ def _names(folder: Path, what: str, spec: str, kind: str) -> list[str]:
     if not folder.exists():
         if kind == "reference":
             raise FileNotFoundError(f"{what} {spec!r}: {folder}: no such folder, so not a model bundle; train one "
-                                    "with `ssdgen train-reference`")
+                                    "with `ssdgen dev train-reference`")
         raise FileNotFoundError(f"{what} {spec!r}: {folder}: no such checkpoint folder")
     if not folder.is_dir():
         raise ValueError(f"{what} {spec!r}: {folder} is a file; give the checkpoint's folder")
@@ -66,7 +66,7 @@ def check_checkpoint(kind: str, path: str | None, spec: str) -> None:
         missing = [f for f in BUNDLE_FILES if f not in names]
         if missing:
             raise FileNotFoundError(f"{what} {spec!r}: {folder} is not a model bundle (no {', '.join(missing)}); "
-                                    "train one with `ssdgen train-reference`")
+                                    "train one with `ssdgen dev train-reference`")
         return
     if "config.json" not in names:
         raise FileNotFoundError(f"{what} {spec!r}: {folder} has no config.json; give a Hugging Face checkpoint "
@@ -86,7 +86,7 @@ def check_heads_path(heads: str | None, kind: str, path: str | None, model: str,
     if heads is None:
         if kind != "reference":
             raise ValueError(f"{what} {decoder!r}: model {model!r} has no default SSD heads; train them with "
-                             f"`ssdgen train-heads --model {model}` and pass heads=PATH")
+                             f"`ssdgen train-heads --model {model} --out PATH` and pass heads=PATH")
         bundle = default_bundle() if path is None else Path(path)
         if bundle is None:
             return

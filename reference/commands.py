@@ -19,14 +19,16 @@ app = typer.Typer()
 
 @app.command("train-reference")
 @friendly
-def train_reference(out: Path = typer.Option(Path("reference/weights"), help="bundle directory to write"),
+def train_reference(out: Path = typer.Option(..., help="bundle directory to write (reference/weights replaces "
+                                                       "the shipped model)"),
                     work: Path = typer.Option(Path("runs/train-reference"),
                                               help="folder for the tokenized set, checkpoints and the curve"),
                     resume: bool = typer.Option(False, help="continue from the checkpoint in --work"),
                     until_step: Optional[int] = typer.Option(None, help="stop this sitting after this AR step"),
                     device: str = typer.Option("cpu", help="torch device, e.g. cuda"),
                     vq_from: Optional[Path] = typer.Option(None, help="take the VQ tokenizer from this bundle"),
-                    seed: int = 0, gpt_steps: Optional[int] = typer.Option(None, help="override AR training steps"),
+                    seed: int = typer.Option(0, help="training seed (data, initialisation, order)"),
+                    gpt_steps: Optional[int] = typer.Option(None, help="override AR training steps"),
                     n_images: Optional[int] = typer.Option(None, help="override the number of training renders"),
                     curve_prompts: Optional[int] = typer.Option(None, help="eval prompts per curve point (0 = none)")):
     """Train the VQ tokenizer and the AR model (about 4 hours on 2 CPU cores; resumable with --resume)."""
@@ -44,53 +46,54 @@ def train_reference(out: Path = typer.Option(Path("reference/weights"), help="bu
 
 @app.command("train-scorer")
 @friendly
-def train_scorer(out: Path = typer.Option(None, help="scorer weights file"), steps: int = 3000,
+def train_scorer(out: Path = typer.Option(..., help="scorer weights file to write (reference/weights/"
+                                                   "scorer.safetensors replaces the shipped one)"),
+                 steps: int = typer.Option(3000, help="optimiser steps"),
                  vq: Path = typer.Option(Path("reference/weights/vq.safetensors"), help="VQ-VAE weights"),
-                 device: str = typer.Option("cpu", help="torch device, e.g. cuda"), workers: int = 2,
-                 n_images: int = typer.Option(48_000, help="training renders"), batch: int = 128):
+                 device: str = typer.Option("cpu", help="torch device, e.g. cuda"),
+                 workers: int = typer.Option(2, help="data-loader processes rendering the training images"),
+                 n_images: int = typer.Option(48_000, help="training renders"),
+                 batch: int = typer.Option(128, help="images per optimiser step")):
     """Train the scene-accuracy / FD feature network on renders and the reference VQ's reconstructions."""
     from safetensors.torch import load_file
-    from reference.scorer import DEFAULT_PATH, save_scorer, train_scorer as run
+    from reference.scorer import save_scorer, train_scorer as run
     from reference.vqvae import VQVAE, VQConfig
     if not vq.exists():
-        raise FileNotFoundError(f"{vq}: no VQ-VAE weights (run `ssdgen train-reference` first)")
+        raise FileNotFoundError(f"{vq}: no VQ-VAE weights (run `ssdgen dev train-reference` first)")
     vqm = VQVAE(VQConfig())
     vqm.load_state_dict(load_file(vq), strict=True)
     net = run(vq=vqm.eval(), steps=steps, batch=batch, n_images=n_images, device=device, workers=workers)
-    save_scorer(net, out or DEFAULT_PATH)
-    typer.echo(f"wrote {out or DEFAULT_PATH}")
+    save_scorer(net, out)
+    typer.echo(f"wrote {out}")
 
 
 @app.command("train-heads")
 @friendly
-def train_heads_cmd(model: Optional[str] = MODEL, out: Optional[str] = typer.Option(
-                        None, help="heads path without suffix, one per kind, comma-separated (default: the model's "
-                                   "own, reference/weights/heads for latent heads and heads-token for token heads)"),
-                    n_images: int = 2048, steps: int = 1500,
+def train_heads_cmd(model: Optional[str] = MODEL, out: str = typer.Option(
+                        ..., help="heads path without suffix, one per kind, comma-separated, e.g. runs/heads,"
+                                  "runs/heads-token (decode with heads=PATH; the shipped ones are "
+                                  "reference/weights/heads and heads-token)"),
+                    n_images: int = typer.Option(2048, help="the model's own samples to distil from"),
+                    steps: int = typer.Option(1500, help="optimiser steps per kind"),
                     kind: str = typer.Option("latent", help="latent, token, or latent,token (both learn from one "
                                                             "set of samples)"),
-                    cfg: float = CFG, top_k: int = TOPK, seed: int = 0,
+                    cfg: float = CFG, top_k: int = TOPK, seed: int = typer.Option(0, help="sampling and training seed"),
                     prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)"),
                     device: str = DEVICE, dtype: str = DTYPE):
     """Train SSD's horizontal and vertical heads by self-distillation on the frozen model's own samples (the
     heads train in fp32 whatever the model's --dtype)."""
     from decoders.ssd_train import DistillConfig, collect, train_heads
+    from models.registry import ModelSpec
     kinds = [k.strip() for k in kind.split(",") if k.strip()]
     if not kinds or set(kinds) - {"latent", "token"} or len(set(kinds)) < len(kinds):
         raise ValueError(f"--kind must be latent, token or latent,token; got {kind!r}")
+    dests = [Path(o.strip()) for o in out.split(",")]
+    if len(dests) != len(kinds):  # before the model loads
+        raise ValueError(f"--out names {len(dests)} path(s) for {len(kinds)} kind(s) ({kind})")
     m = model_on(model, device, dtype)
-    default = getattr(m, "default_heads", None)
-    if out is not None:
-        dests = [Path(o.strip()) for o in out.split(",")]
-        if len(dests) != len(kinds):
-            raise ValueError(f"--out names {len(dests)} path(s) for {len(kinds)} kind(s) ({kind})")
-    elif default is None:
-        raise ValueError("--out is required for this model")
-    else:
-        dests = [default if k == "latent" else default.with_name(default.name + "-token") for k in kinds]
     if prompts is not None:
         captions = [line.strip() for line in prompts.read_text().splitlines() if line.strip()]
-    elif model in (None, "reference") or model.startswith("reference:"):
+    elif ModelSpec.parse(model).kind == "reference":
         from reference.train_data import build_dataset
         _, _, captions = build_dataset(n_images, seed + 99)  # training-distribution captions, eval set held out
     else:
@@ -108,7 +111,8 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: Optional[str] = typer.Opt
 
 @app.command("eval-scorer")
 @friendly
-def eval_scorer(n: int = 1024, json_path: Optional[Path] = typer.Option(None, "--json"),
+def eval_scorer(n: int = typer.Option(1024, help="held-out renders"),
+                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
                 scorer: Optional[Path] = typer.Option(None, help="scorer weights (default: bundled)"),
                 vq: Path = typer.Option(Path("reference/weights/vq.safetensors"), help="VQ-VAE weights")):
     """Validate the scorer: held-out renders, their VQ reconstructions, and shuffled captions."""
@@ -130,7 +134,8 @@ def eval_scorer(n: int = 1024, json_path: Optional[Path] = typer.Option(None, "-
 
 @app.command("tokenizer-report")
 @friendly
-def tokenizer_report(n: int = 1024, json_path: Optional[Path] = typer.Option(None, "--json"),
+def tokenizer_report(n: int = typer.Option(1024, help="held-out renders"),
+                     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
                      model: Optional[str] = MODEL):
     """VQ reconstruction PSNR per background kind, and above/left token agreement on real renders."""
     from reference.tokenizer_report import tokenizer_report as run
@@ -142,7 +147,9 @@ def tokenizer_report(n: int = 1024, json_path: Optional[Path] = typer.Option(Non
 
 @app.command("eval")
 @friendly
-def eval_cmd(decoder: str = DECODER, n: int = 1024, batch_size: int = 64, seed: int = 0,
+def eval_cmd(decoder: str = DECODER, n: int = typer.Option(1024, help="eval prompts, the first n of 1,024"),
+             batch_size: int = typer.Option(64, help="prompts per decoder call"),
+             seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
              json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
              model: Optional[str] = MODEL, device: str = DEVICE, dtype: str = DTYPE):
     """Decode the fixed eval prompts and report scene accuracy, object accuracy and FD."""
@@ -180,7 +187,8 @@ def eval_cmd(decoder: str = DECODER, n: int = 1024, batch_size: int = 64, seed: 
 
 @app.command("figures")
 @friendly
-def figures(out: Path = typer.Option(Path("docs"), help="folder for the PNGs and JSON"), seed: int = 0,
+def figures(out: Path = typer.Option(..., help="folder for the PNGs and JSON (docs replaces the docs' figures)"),
+            seed: int = typer.Option(0, help="added to each eval prompt's own seed"),
             model: Optional[str] = MODEL, n: int = typer.Option(256, help="eval prompts for CSD"),
             csd: str = typer.Option("csd", help="the CSD decode spec whose commit maps to show; "
                                     "its sampling settings are the AR grid's too. " + SPEC_HELP)):
@@ -218,9 +226,12 @@ def figures(out: Path = typer.Option(Path("docs"), help="folder for the PNGs and
 @friendly
 def eval_heads(heads: str = typer.Option("reference/weights/heads,reference/weights/heads-token",
                                          help="comma-separated heads paths (without suffix)"),
-               n: int = typer.Option(64, help="eval prompts"), batch_size: int = 64, seed: int = 0,
+               n: int = typer.Option(64, help="eval prompts"),
+               batch_size: int = typer.Option(64, help="prompts per teacher-forced forward"),
+               seed: int = typer.Option(0, help="added to each eval prompt's own seed"),
                cfg: float = CFG, model: Optional[str] = MODEL,
-               json_path: Optional[Path] = typer.Option(None, "--json"), device: str = DEVICE, dtype: str = DTYPE):
+               json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
+               device: str = DEVICE, dtype: str = DTYPE):
     """Draft acceptance of SSD heads with exact context (teacher forcing), e.g. latent against token heads."""
     from decoders import load_heads
     from decoders.ssd_train import draft_acceptance

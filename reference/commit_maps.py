@@ -22,7 +22,7 @@ import numpy as np
 from decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
 
 from . import captions as cap
-from .scenes import JITTER, SIZES, SMOOTH_BACKGROUNDS, cell_centre
+from .scenes import SMOOTH_BACKGROUNDS
 
 SATURATION = 0.65  # between the background colours' (<= 0.51) and the object colours' (>= 0.75)
 BRIGHT = 0.4  # pixels darker than this (max channel) are never called object
@@ -41,22 +41,6 @@ def object_tokens(image: np.ndarray, grid: int = 16, min_pixels: int = 2) -> np.
     saturated = ((hi - lo) / np.maximum(hi, 1e-6) > SATURATION) & (hi > BRIGHT)  # [H, W]
     ps = image.shape[0] // grid
     return saturated.reshape(grid, ps, grid, ps).sum((1, 3)) >= min_pixels
-
-
-def background_tokens(prompt: str, grid: int = 16, image: int = 64) -> np.ndarray:
-    """[grid, grid] bool: True where a token's patch cannot touch any object the caption names (its cell
-    centre +- the widest shape's half-extent + jitter + slack). What the caption asks for, not what a model
-    drew: for renders and tests; decoded images use `regions`."""
-    spec = cap.parse(prompt)
-    patch = image / grid
-    centres = (np.arange(grid) + 0.5) * patch
-    yy, xx = np.meshgrid(centres, centres, indexing="ij")
-    bg = np.ones((grid, grid), bool)
-    for o in spec.objects:
-        cx, cy = cell_centre(o.cell)
-        reach = SIZES[o.size] * 1.25 + JITTER + 2 + patch / 2
-        bg &= (np.abs(xx - cx) > reach) | (np.abs(yy - cy) > reach)
-    return bg
 
 
 def regions(prompt: str, image: np.ndarray, grid: int = 16) -> np.ndarray:

@@ -240,8 +240,3 @@ def render(scene: Scene, with_mask: bool = False) -> np.ndarray | tuple[np.ndarr
     img = img + rng.normal(0, NOISE_STD, img.shape).astype(np.float32)
     out = (np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8)
     return (out, (mask * 255 + 0.5).astype(np.uint8)) if with_mask else out
-
-
-def render_batch(scenes: list[Scene]) -> np.ndarray:
-    """[N, 64, 64, 3] uint8."""
-    return np.stack([render(s) for s in scenes])

@@ -14,7 +14,6 @@ scorer through the VQ decoder; it is validated on held-out renders of both kinds
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,7 +131,7 @@ def save_scorer(net: SceneNet, path: Path = DEFAULT_PATH) -> None:
 def load_scorer(path: Path | str = DEFAULT_PATH) -> SceneNet:
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no scorer weights (train them with `ssdgen train-scorer`)")
+        raise FileNotFoundError(f"{path}: no scorer weights (train them with `ssdgen dev train-scorer`)")
     net = SceneNet()
     net.load_state_dict(load_file(path), strict=True)
     return net.eval()
@@ -201,7 +200,3 @@ def score(net: SceneNet, images: np.ndarray, prompts: list[str]) -> dict:
                                       for k in sorted(set(n_obj.tolist()))},
     }
     return report
-
-
-def summary_json(report: dict) -> str:
-    return json.dumps(report, indent=1)

@@ -1,4 +1,4 @@
-"""`ssdgen tokenizer-report`: how well the VQ tokenizer reconstructs, and how tokens relate to neighbours.
+"""`ssdgen dev tokenizer-report`: how well the VQ tokenizer reconstructs, and how tokens relate to neighbours.
 
 - PSNR of render -> codes -> pixels, per background kind, on held-out renders of the eval captions;
 - how often a token equals its upper neighbour and its left neighbour, on tokenized renders, overall and

@@ -1,4 +1,4 @@
-"""`ssdgen train-reference`: train the VQ tokenizer and the AR model from scratch, resumably.
+"""`ssdgen dev train-reference`: train the VQ tokenizer and the AR model from scratch, resumably.
 
 Stages, each deterministic from the seed: render a training set of scenes (eval captions held out), train
 the VQ-VAE (or take one from an existing bundle), tokenize the set once, then train the AR transformer

@@ -8,7 +8,7 @@ Rendering and tokenizing are deterministic from (n, seed, VQ weights), which nam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from multiprocessing import Pool
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -44,8 +44,13 @@ def build_dataset(n: int, seed: int, workers: int = 2) -> tuple[np.ndarray, np.n
     Chunks are seeded, so the result does not depend on the number of workers."""
     chunk = 2000
     jobs = [(seed, s, min(chunk, n - s)) for s in range(0, n, chunk)]
-    with Pool(workers) as pool:
-        parts = list(tqdm(pool.imap(_render_chunk, jobs), total=len(jobs), desc="render", unit="chunk"))
+    if len(jobs) == 1 or workers <= 1:  # no pool for one chunk
+        parts = [_render_chunk(j) for j in jobs]
+    else:
+        # spawn, not fork: a forked worker of a process with threads (Ray's, Prefect's, torch's) can inherit a
+        # lock held at the fork and hang for good (seen: a pool worker stuck in SemLock.__enter__)
+        with get_context("spawn").Pool(workers) as pool:
+            parts = list(tqdm(pool.imap(_render_chunk, jobs), total=len(jobs), desc="render", unit="chunk"))
     return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
             [c for p in parts for c in p[2]])
 

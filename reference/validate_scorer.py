@@ -1,4 +1,4 @@
-"""`ssdgen eval-scorer`: how far the scene-accuracy scorer can be trusted.
+"""`ssdgen dev eval-scorer`: how far the scene-accuracy scorer can be trusted.
 
 On held-out renders of the 1,024 eval captions (captions the scorer never trained on) it must call
 nearly every scene correct; on the tokenizer's reconstructions of those renders it must still do so

@@ -1,23 +1,94 @@
 """The `ssdgen` command line: one Typer app holding the pipeline's commands (ssdgen/commands.py), the
-measuring ones (bench/commands.py) and the reference model's (reference/commands.py). Arguments are parsed at
-that edge into typed configs; errors users can cause print one clear line and exit 2 (ssdgen/options.py).
+measuring ones (bench/commands.py), the reference model's (reference/commands.py) and the listings of what a
+spec can name (ssdgen/catalog.py). Arguments are parsed at that edge into typed configs; errors users can cause
+print one clear line and exit 2 (ssdgen/options.py).
+
+The commands are defined where their package is; this module decides how `ssdgen --help` shows them: users'
+commands first, in the "Run" and "Decode and measure" panels, and the maintainers' (training the reference
+model, its scorer, the docs' figures, the pipeline benchmarks) under `ssdgen dev`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import typer
 
 from bench import commands as bench_commands
 from reference import commands as reference_commands
+from ssdgen import catalog
 from ssdgen import commands as run_commands
 
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
+# panel -> its commands, in the order `ssdgen --help` lists them; DEV's go under `ssdgen dev`
+PANELS = {
+    "Run": ("generate", "serve", "status", "verify", "export", "report", "demo"),
+    "Decode and measure": ("sample", "eval", "bench", "fidelity", "calibrate", "projection", "train-heads",
+                           "eval-heads", "decoders", "models"),
+}
+DEV = ("train-reference", "train-scorer", "eval-scorer", "tokenizer-report", "figures", "bench-plan",
+       "bench-pipeline", "bench-scaling", "bench-scale")
+DEV_PANEL = "Maintainers"
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings=HELP_OPTIONS,
                   help="ssdgen: batch image generation with speculative decoders for AR image transformers.")
-for group in (run_commands, bench_commands, reference_commands):
-    app.registered_commands += group.app.registered_commands
+dev = typer.Typer(no_args_is_help=True, context_settings=HELP_OPTIONS,
+                  help="Maintainer commands: train and check the reference model, its scorer and tokenizer, draw "
+                       "the docs' figures, benchmark the pipeline (docs/benchmarks.md, docs/reference-model.md).")
+
+
+def command_name(info) -> str:
+    return info.name or typer.main.get_command_name(info.callback.__name__)
+
+
+def first_sentence(doc: str | None) -> str | None:
+    """A docstring's first sentence on one line: the command lists show it, `COMMAND -h` the whole text."""
+    if not doc:
+        return None
+    text = " ".join(doc.split("\n\n")[0].split())
+    end = re.search(r"(?<!e\.g)(?<!i\.e)\.\s", text)  # "e.g. " ends no sentence
+    return text if end is None else text[:end.start() + 1]
+
+
+def _place(infos: list) -> None:
+    """Every command onto `app` (in its panel, in PANELS' order) or onto `dev`; one that no table names still
+    goes on `app`, in the default panel, where tests/test_cli.py notices it."""
+    by_name = {command_name(i): i for i in infos}
+    placed = [(by_name.pop(n), panel, app) for panel, names in PANELS.items() for n in names if n in by_name]
+    placed += [(by_name.pop(n), None, dev) for n in DEV if n in by_name]
+    placed += [(i, None, app) for i in by_name.values()]
+    for info, panel, target in placed:
+        info.rich_help_panel = panel
+        info.short_help = info.short_help or first_sentence(info.help or info.callback.__doc__)
+        info.context_settings = {**(info.context_settings or {}), **HELP_OPTIONS}
+        target.registered_commands.append(info)
+
+
+def _version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        typer.echo(f"ssdgen {version('ssdgen')}")
+    except PackageNotFoundError:  # a source tree on sys.path, never installed: it has no version to state
+        typer.echo("error: the ssdgen distribution is not installed (pip install -e .), so it has no version",
+                   err=True)
+        raise typer.Exit(2)
+    raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="print the installed ssdgen's version and exit")):
+    """The app's own options (the help text is the Typer app's)."""
+
+
+_place([i for group in (run_commands, bench_commands, reference_commands, catalog)
+        for i in group.app.registered_commands])
+app.add_typer(dev, name="dev", rich_help_panel=DEV_PANEL)
 
 
 def main():

@@ -16,9 +16,10 @@ app = typer.Typer()
 @app.command()
 @friendly
 def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for several"),
-           n: int = typer.Option(4, help="images per prompt"), out: Path = typer.Option(Path("grid.png")),
-           seed: int = 0, decoder: str = DECODER, model: Optional[str] = MODEL, device: str = DEVICE,
-           dtype: str = DTYPE):
+           n: int = typer.Option(4, help="images per prompt"),
+           out: Path = typer.Option(Path("grid.png"), help="the grid PNG to write"),
+           seed: int = typer.Option(0, help="seed of the first image; the others count up from it"),
+           decoder: str = DECODER, model: Optional[str] = MODEL, device: str = DEVICE, dtype: str = DTYPE):
     """Sample images for prompts and save them as one grid PNG (a row per prompt)."""
     import numpy as np
     from PIL import Image
@@ -36,9 +37,8 @@ def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for sever
     Image.fromarray(np.concatenate(rows, axis=0)).save(out)
     fwd = np.mean([s.forwards for s in res.stats])
     typer.echo(f"wrote {out} ({len(prompts)} images, {decoder}, {fwd:.1f} forwards per image)")
-    policy = res.stats[0].extra.get("policy", "")
-    if policy.startswith("ar:"):  # a fall-back is reported, never silent
-        typer.echo(f"note: {decoder} decoded this batch as plain AR ({policy.removeprefix('ar: ')})")
+    if (why := res.stats[0].ar_fallback) is not None:  # a fall-back is reported, never silent
+        typer.echo(f"note: {decoder} decoded this batch as plain AR ({why})")
 
 
 @app.command()
@@ -120,10 +120,19 @@ def _print_summary(s: dict) -> None:
 @friendly
 def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or glob; repeatable"),
           out: str = typer.Option(..., help="output URL; `{date}` becomes the run's scheduled date"),
-          cron: str = typer.Option("0 2 * * *", help="schedule (cron, UTC)"), name: str = "nightly",
-          decoder: str = RUN_DECODER, model: Optional[str] = MODEL, shard_size: int = 256, batch_size: int = 16,
-          actors: int = 2, cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
+          cron: str = typer.Option("0 2 * * *", help="schedule (cron, UTC)"),
+          name: str = typer.Option("nightly", help="the Prefect deployment's name"),
+          decoder: str = RUN_DECODER, model: Optional[str] = MODEL,
+          shard_size: int = typer.Option(256, help="rows per shard"),
+          batch_size: int = typer.Option(16, help="prompts per decoder call"),
+          actors: int = typer.Option(2, help="Ray actors (each loads the model once)"),
+          cpus_per_actor: float = typer.Option(1.0, help="Ray num_cpus per actor (= torch threads on CPU)"),
+          gpus_per_actor: float = typer.Option(0.0, help="Ray num_gpus per actor (0 on CPU)"),
+          device_type: str = typer.Option("cpu", help="price row in infra/prices.csv (cpu, l4, h100, ...)"),
+          ray_address: Optional[str] = typer.Option(None, help="attach to a Ray cluster (default: RAY_ADDRESS, "
+                                                                "else a local Ray)"),
           cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit (see generate)"),
+          seed: int = typer.Option(0, help="run seed; a row's own `seed` column wins"),
           audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
           image_format: str = IMAGE_FORMAT, quality: int = QUALITY, output_format: str = FORMAT,
           dtype: str = DTYPE):
@@ -132,7 +141,8 @@ def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or g
     spec = spec_of(decoder)
     params = {"prompts": prompts, "out": out, "model": model or "reference", "decoder": str(spec),
               "shard_size": shard_size, "batch_size": batch_size, "actors": actors, "cpus_per_actor": cpus_per_actor,
-              "gpus_per_actor": gpus_per_actor, "device_type": device_type, "cluster_limit": cluster_limit,
+              "gpus_per_actor": gpus_per_actor, "device_type": device_type, "ray_address": ray_address,
+              "cluster_limit": cluster_limit, "seed": seed,
               "audit": audit, "audit_tolerance": audit_tolerance, "image_format": image_format, "quality": quality,
               "format": output_format, "dtype": dtype}
     # every setting checked now, as generate checks them, not at 2 a.m. when the first scheduled run starts
@@ -202,22 +212,21 @@ def verify_cmd(url: str = typer.Argument(..., help="a run's output URL"),
 @app.command()
 @friendly
 def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: str = RUN_DECODER,
-         batch_size: int = 8, actors: int = 2, model: Optional[str] = MODEL):
+         batch_size: int = typer.Option(8, help="prompts per decoder call"),
+         actors: int = typer.Option(2, help="Ray actors (each loads the model once)"), model: Optional[str] = MODEL):
     """The embedded default job: the bundled example prompts (Parquet) through the Prefect flow on local Ray
     actors into OUT/run, then a grid.png of the committed images."""
     import io
     import numpy as np
-    import pyarrow.parquet as pq
     from PIL import Image
-    from flows.pipeline import generate as flow
+    from flows.settings import GenerateConfig
     from reference.prompts import EXAMPLES_PARQUET
-    with flow_console():
-        summary = flow(prompts=[str(EXAMPLES_PARQUET)], out=str(out / "run"), model=model or "reference",
-                       decoder=str(spec_of(decoder)), shard_size=4, batch_size=batch_size, actors=actors, progress=True)
-    _print_summary(summary)
-    man = pq.read_table(summary["manifest"].removeprefix("file://")).to_pylist()
-    tables = [pq.read_table(m["images_url"].removeprefix("file://"), columns=["prompt_id", "image"]) for m in man]
-    imgs = [r["image"]["bytes"] for t in tables for r in t.to_pylist() if r["image"]]
+    from ssdgen.api import open_run
+    cfg = GenerateConfig(prompts=(str(EXAMPLES_PARQUET),), out=str(out / "run"), model=model or "reference",
+                         decoder=spec_of(decoder), shard_size=4, batch_size=batch_size, actors=actors)
+    _run(cfg, overwrite=False, progress=True)  # a second `make demo` finds nothing to do and ends at once
+    rows = open_run(str(out / "run"), columns=["image"]).to_table().to_pylist()
+    imgs = [r["image"]["bytes"] for r in rows if r["image"]]
     grid = np.concatenate([np.asarray(Image.open(io.BytesIO(b)).convert("RGB")) for b in imgs], axis=1)
     Image.fromarray(grid).save(out / "grid.png")
     typer.echo(f"{len(imgs)} images -> {(out / 'run').resolve()}/ (shards/*/attempt-*/images.parquet); "

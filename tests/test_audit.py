@@ -50,11 +50,12 @@ def test_cli_refuses_a_bad_fraction_in_one_line(command):
         "error: --audit must be a fraction in [0, 1] (0 = no audit), got 2.0"]
 
 
-def test_audit_settings_are_recorded_only_when_auditing():
+def test_audit_settings_are_recorded_whether_or_not_auditing():
     from flows.pipeline import GenerateConfig
-    assert "audit" not in GenerateConfig(prompts=("x",)).recorded([])  # older runs still resume
+    off = GenerateConfig(prompts=("x",)).recorded([])
+    assert (off["audit"], off["audit_tolerance"]) == (0.0, GenerateConfig.audit_tolerance)
     rec = GenerateConfig(prompts=("x",), audit=0.05, audit_tolerance=0.2).recorded([])
-    assert (rec["audit"], rec["audit_tolerance"]) == (0.05, 0.2)
+    assert rec == off | {"audit": 0.05, "audit_tolerance": 0.2}
 
 
 def _commit(out, shard, rows, seconds):

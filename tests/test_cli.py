@@ -1,12 +1,19 @@
-"""The CLI turns bad input into one clear error line and exit code 2, never a stack trace."""
+"""The CLI: its shape (fast, in process: users' commands in panels, maintainers' under `ssdgen dev`, help on
+every option, -h, --version, the listings, no default output inside the repository), and, in a subprocess,
+bad input turned into one clear error line and exit code 2, never a stack trace."""
 
 import subprocess
 import sys
+from importlib.metadata import version
+from pathlib import Path
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
-pytestmark = pytest.mark.integration  # every test here runs the CLI in a subprocess
+from ssdgen.cli import DEV, PANELS, app
 
+ROOT = Path(__file__).resolve().parents[1]
 GOOD = "a large red circle at the center on a flat gray background"
 
 
@@ -15,6 +22,7 @@ def run(*args, timeout=300):
                           timeout=timeout)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("args, message", [
     (["sample", "--prompt", ""], "empty caption"),
     (["sample", "--prompt", "a large magenta circle at the center on a flat gray background"], "unknown words"),
@@ -44,7 +52,10 @@ def run(*args, timeout=300):
     (["generate", "--prompts", "x.parquet", "--dtype", "fp16"], "--dtype fp16 is not supported on the CPU"),
     (["serve", "--prompts", "x.parquet", "--out", "o", "--dtype", "fp8"], "--dtype must be one of"),
     (["export", "/nonexistent/run", "--to", "x"], "no ssdgen run here"),
-    (["train-heads", "--kind", "latent,pixel"], "--kind must be latent, token or latent,token"),
+    (["train-heads", "--kind", "latent,pixel", "--out", "/nonexistent/heads"],
+     "--kind must be latent, token or latent,token"),
+    (["train-heads", "--kind", "latent", "--out", "/nonexistent/a,/nonexistent/b"],
+     "--out names 2 path(s) for 1 kind(s)"),
 ])
 def test_bad_input_gets_a_clear_error(args, message, tmp_path):
     r = run(*args, *([] if args[0] != "sample" else ["--out", str(tmp_path / "x.png")]))
@@ -53,6 +64,7 @@ def test_bad_input_gets_a_clear_error(args, message, tmp_path):
     assert "Traceback" not in r.stderr + r.stdout
 
 
+@pytest.mark.integration
 def test_sample_writes_a_grid(tmp_path):
     from PIL import Image
     out = tmp_path / "grid.png"
@@ -61,6 +73,7 @@ def test_sample_writes_a_grid(tmp_path):
     assert Image.open(out).size == (128, 64)
 
 
+@pytest.mark.integration
 def test_calibrate_says_what_the_device_decides(tmp_path):
     out = tmp_path / "plans.json"
     r = run("calibrate", "--decoder", "ssd+csd", "--batch-sizes", "1", "--json", str(out))
@@ -71,11 +84,13 @@ def test_calibrate_says_what_the_device_decides(tmp_path):
     assert f"batch    1: rows {plan['rows']}" in r.stdout
 
 
+@pytest.mark.integration
 def test_train_heads_trains_both_kinds_from_one_sample_set(tmp_path):
     from reference.tiny import tiny_model
     tiny_model(tmp_path / "tiny")
+    heads = f"{tmp_path / 'tiny' / 'heads'},{tmp_path / 'tiny' / 'heads-token'}"
     r = run("train-heads", "--model", f"reference:{tmp_path / 'tiny'}", "--kind", "latent,token", "--n-images", "4",
-            "--steps", "2")
+            "--steps", "2", "--out", heads)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("\"shared_collect_s\"") == 2  # both kinds report the one shared sampling pass
     for name in ("heads", "heads-token"):
@@ -83,6 +98,7 @@ def test_train_heads_trains_both_kinds_from_one_sample_set(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_demo_runs_the_flow_on_local_ray_and_writes_committed_images(tmp_path):
     """What `make demo` runs: Prefect's ephemeral API, a local Ray, local files, the bundled model."""
     import pyarrow.parquet as pq
@@ -92,3 +108,102 @@ def test_demo_runs_the_flow_on_local_ray_and_writes_committed_images(tmp_path):
     assert sum(m["ok"] for m in man) == 8 and (tmp_path / "grid.png").exists()
     s = run("status", str(tmp_path / "run"))
     assert s.returncode == 0 and "2 done, 0 pending, 0 failed of 2 shards" in s.stdout, s.stdout + s.stderr
+
+
+# ---- the CLI's shape: fast, in process (nothing runs past option parsing) ------------------------------------
+
+def commands(group=None, path=()):
+    """(path, command) of every leaf command under `group` (default: the whole `ssdgen` tree)."""
+    group = group or typer.main.get_command(app)
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from commands(cmd, path + (name,))
+        else:
+            yield path + (name,), cmd
+
+
+def test_every_option_and_argument_has_help_text():
+    missing = [(" ".join(path), p.name) for path, cmd in commands() for p in cmd.params
+               if not (getattr(p, "help", None) or "").strip()]
+    assert len(list(commands())) == sum(map(len, PANELS.values())) + len(DEV) and missing == []
+
+
+@pytest.mark.parametrize("path", [(), ("dev",)] + [path for path, _ in commands()], ids=" ".join)
+def test_dash_h_is_help_on_the_app_and_every_command(path):
+    short, long = (CliRunner().invoke(app, [*path, flag]) for flag in ("-h", "--help"))
+    assert short.exit_code == 0 and long.exit_code == 0, short.output
+    assert "Usage: " in short.output and short.output == long.output
+
+
+def test_version_is_the_installed_distributions():
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output == f"ssdgen {version('ssdgen')}\n"
+
+
+def test_help_lists_users_commands_in_panels_and_maintainers_under_dev():
+    root = typer.main.get_command(app)
+    users = [n for names in PANELS.values() for n in names]
+    assert list(root.commands) == users + ["dev"]  # every command placed: none left in the default panel
+    assert set(root.commands["dev"].commands) == set(DEV) and not set(DEV) & set(users)
+    assert {root.commands[n].rich_help_panel for n in users} == set(PANELS)
+    out = CliRunner().invoke(app, ["--help"]).output
+    order = [out.index(s) for s in ("─ Run ", " generate ", "─ Decode and measure ", " sample ", " dev ")]
+    assert order == sorted(order) and " bench-plan " not in out and " train-reference " not in out
+
+
+def test_serve_takes_every_setting_generate_takes_and_checks_them_first():
+    root = typer.main.get_command(app)
+    names = {c: {p.name for p in root.commands[c].params} for c in ("generate", "serve")}
+    assert names["generate"] - {"overwrite", "progress"} <= names["serve"], names["generate"] - names["serve"]
+    # --seed and --ray-address reach the settings serve validates before Prefect (a stray key: a TypeError)
+    r = CliRunner().invoke(app, ["serve", "--prompts", "x.parquet", "--out", "o", "--seed", "7", "--ray-address",
+                                 "127.0.0.1:1", "--audit", "2"])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == "error: --audit must be a fraction in [0, 1] (0 = no audit), got 2.0"
+
+
+def test_decoders_lists_every_family_with_its_parameters_and_defaults():
+    from decoders.configs import FAMILIES
+    r = CliRunner().invoke(app, ["decoders"])
+    assert r.exit_code == 0, r.output
+    blocks, name = {}, None
+    for line in r.output.splitlines():
+        if line and not line.startswith(" ") and line.split(":")[0] in FAMILIES:
+            name = line.split(":")[0]
+        if name:
+            blocks[name] = blocks.get(name, "") + f" {line} "
+    assert set(blocks) == set(FAMILIES)
+    for fam, info in FAMILIES.items():
+        assert all(f" {p}=" in blocks[fam] for p in info.params), fam
+    # the families' own defaults, not the engine's: csd's coupled 33-token window, ssd+csd calibrated
+    assert " window=33 " in blocks["csd"] and " lam=2.0 " in blocks["csd"] and " window=16 " in blocks["sjd"]
+    assert " calibrated=true " in blocks["ssd+csd"] and " calibrated=false " in blocks["ssd"]
+    assert "no parameters" in blocks["ar"] and "cfg=3.0" in r.output
+
+
+def test_models_lists_every_kind_with_a_spec_syntax_the_registry_parses():
+    from models.registry import OPTIONS, ModelSpec
+    r = CliRunner().invoke(app, ["models"])
+    assert r.exit_code == 0, r.output
+    syntax = {line.split(":")[0].split("[")[0]: line for line in r.output.splitlines()
+              if line and not line.startswith((" ", "--"))}
+    assert set(syntax) == set(OPTIONS)
+    for kind, line in syntax.items():
+        plain, _, opts = line.partition("[")
+        for opt in [o for o in opts.rstrip("]").split("|") if o] or [""]:  # every option the line offers
+            text = plain + opt.replace("RxC", "4x4").replace("=N", "=64")
+            assert ModelSpec.parse(text).kind == kind, text
+
+
+OUTPUTS = {"out", "plot", "html", "json_path", "work", "workdir", "to"}
+
+
+def test_no_default_output_path_writes_into_the_repository():
+    # the checkout's folders (packages, docs, infra); out/ and runs/ are scratch the .gitignore keeps out
+    repo = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")} - {"out", "runs"}
+    inside = [(" ".join(path), p.name, p.default) for path, cmd in commands() for p in cmd.params
+              if p.name in OUTPUTS and p.default is not None and Path(str(p.default)).parts[0] in repo]
+    assert inside == []
+    for path in (("train-heads",), ("dev", "figures"), ("dev", "train-reference"), ("dev", "train-scorer")):
+        r = CliRunner().invoke(app, list(path))
+        assert r.exit_code == 2 and "Missing option '--out'" in r.output, path

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from decoders import decode
-from decoders.calibrate import choose, worth_timing
+from decoders.calibrate import AR_FASTER, choose, worth_timing
 from decoders.cost_curve import CostCurve, best_rows, measure_cost_curve, window_rates
 from decoders.sampling import SamplingConfig
 from tiny import tiny_model, tiny_with_heads
@@ -78,13 +78,14 @@ def test_calibrated_prefix_engine_decodes_as_planned_and_says_so(tmp_path, monke
     timed = _fake_device(monkeypatch, lambda s: 0.01 * s)
     res = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, PREFIX)
     assert torch.equal(res.tokens, decode("ar", tiny, PROMPTS, [0, 1], SAMPLED).tokens)
-    assert timed == [] and all(s.extra["policy"].startswith("ar:") and s.extra["rows"] == 0 for s in res.stats)
+    assert timed == [] and all(s.ar_fallback == AR_FASTER and s.extra["rows"] == 0 for s in res.stats)
     tiny.__dict__.pop("_ssd_plans")
     timed = _fake_device(monkeypatch, lambda s: 1.0, {"1": 3.0, "2": 2.0})
     res = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, PREFIX)
     assert timed == [[1, 2]]  # AR's estimate is under half the widest window's: not worth timing
     st = res.stats[0]
     assert st.extra["policy"] == "calibrated: 1 row(s)" and st.extra["rows"] == 1 and st.extra["plan"]["rows"] == 1
+    assert st.ar_fallback is None
     one_row = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, PREFIX | {"calibrated": False, "rows": 1})
     assert torch.equal(res.tokens, one_row.tokens)
 
@@ -130,7 +131,7 @@ def test_calibrated_block_decoder_follows_the_device(tmp_path, monkeypatch):
     res = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, block)
     ar = decode("ar", tiny, PROMPTS, [0, 1], SAMPLED)
     assert torch.equal(res.tokens, ar.tokens)
-    assert all(s.extra["policy"].startswith("ar:") and s.extra["rows_cap"] == 0 for s in res.stats)
+    assert all(s.ar_fallback == AR_FASTER and s.extra["rows_cap"] == 0 for s in res.stats)
     # flat: several caps are worth timing, and the fastest measured is the cap, with the curve in the stats
     timed = _fake_device(monkeypatch, lambda s: 1.0, {"2": 1.0, "3": 1.0, "4": 2.0})
     tiny.__dict__.pop("_ssd_plans")

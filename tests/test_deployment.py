@@ -203,7 +203,8 @@ def test_ssdgen_serve_refuses_without_a_reachable_prefect_server(tmp_path):
     args = [str(BIN / "ssdgen"), "serve", "--prompts", str(tmp_path / "p.parquet"), "--out", str(tmp_path / "o"),
             "--cron", "* * * * *", "--decoder", "ar"]
     for extra, needle in (({}, "run 'prefect server start' and set PREFECT_API_URL="),
-                          ({"PREFECT_API_URL": closed}, f"the Prefect API at PREFECT_API_URL={closed} does not answer")):
+                          ({"PREFECT_API_URL": closed},
+                           f"the Prefect API at PREFECT_API_URL={closed} does not answer")):
         r = subprocess.run(args, cwd=ROOT, env=env | extra, capture_output=True, text=True, timeout=120)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], \
@@ -241,7 +242,8 @@ def test_infra_prefect_yaml_deploys_and_runs_on_a_process_worker(tmp_path):
     pool = dep_spec["work_pool"]["name"]
     env = _env()
     _prefect("work-pool", "create", pool, "--type", "process", "--overwrite", env=env)
-    _prefect("deploy", "--all", "--prefect-file", "infra/prefect.yaml", env=env)  # SSDGEN_REPO unset: resolved at run time
+    # SSDGEN_REPO unset: resolved at run time
+    _prefect("deploy", "--all", "--prefect-file", "infra/prefect.yaml", env=env)
     limit = dep_spec["parameters"].get("cluster_limit")
     if limit:
         _ensure_gcl(limit, 8)  # `prefect gcl create ssdgen-gpus --limit 8`

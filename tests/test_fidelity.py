@@ -94,5 +94,6 @@ def test_a_calibrated_spec_is_measured_at_every_choice_it_may_make():
     assert uncapped(spec) == opts[2]
     block = choices(DecodeSpec.parse("ssd+csd:commit=block:max_rows=3"))
     assert [(o.config().rows, o.config().max_rows) for o in block.values()] == [(1, 1), (2, 2), (2, 3)]
-    for text in ("csd", "ssd:lossless=true", "ssd+csd:commit=block:adaptive=true:calibrated=false:token_budget=8", "ar"):
+    for text in ("csd", "ssd:lossless=true", "ssd+csd:commit=block:adaptive=true:calibrated=false:token_budget=8",
+                 "ar"):
         assert choices(DecodeSpec.parse(text)) == {} and uncapped(DecodeSpec.parse(text)) == DecodeSpec.parse(text)

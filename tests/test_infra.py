@@ -163,7 +163,7 @@ def _project_installs(lines: list[str]) -> list[frozenset]:
 
 def _makefile_recipe(target: str) -> list[str]:
     lines = (ROOT / "Makefile").read_text().splitlines()
-    start = next(i for i, l in enumerate(lines) if l.startswith(target + ":"))
+    start = next(i for i, line in enumerate(lines) if line.startswith(target + ":"))
     body = []
     for line in lines[start + 1:]:
         if not line.startswith("\t"):
@@ -174,7 +174,7 @@ def _makefile_recipe(target: str) -> list[str]:
 
 def _dockerfile_runs() -> list[str]:
     text = (INFRA / "Dockerfile").read_text().replace("\\\n", " ")
-    return [l.strip()[4:] for l in text.splitlines() if l.strip().startswith("RUN ")]
+    return [line.strip()[4:] for line in text.splitlines() if line.strip().startswith("RUN ")]
 
 
 def test_dockerfile_installs_the_project_as_the_makefile_does_for_runtime():
@@ -184,8 +184,8 @@ def test_dockerfile_installs_the_project_as_the_makefile_does_for_runtime():
     assert docker and set(docker) == set(runtime), docker
     # torch: the same pinned version (from a CUDA index in the image)
     pin = re.compile(r"torch==([\w.]+)")
-    make_torch = {m for l in _makefile_recipe("$(VENV)/.installed") for m in pin.findall(l)}
-    docker_torch = {m for l in _dockerfile_runs() for m in pin.findall(l)}
+    make_torch = {m for line in _makefile_recipe("$(VENV)/.installed") for m in pin.findall(line)}
+    docker_torch = {m for line in _dockerfile_runs() for m in pin.findall(line)}
     assert make_torch and docker_torch == make_torch
     # the base image carries the Ray version the project pins
     pinned = re.search(r'"ray\[[^\]]*\]==([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)

@@ -93,7 +93,8 @@ def test_wrong_types(tmp_path, columns, column, found):
 
 def test_accepted_types(tmp_path):
     p = write(tmp_path / "f.parquet", {"prompt": pa.array(["a", "b"], pa.large_string()),
-                                       "prompt_id": pa.array([7, 8], pa.uint32()), "seed": pa.array([1, 2], pa.int16())})
+                                       "prompt_id": pa.array([7, 8], pa.uint32()),
+                                       "seed": pa.array([1, 2], pa.int16())})
     f, = list_inputs([str(p)])
     assert f.has_prompt_id and f.has_seed
     assert [(r.prompt_id, r.prompt, r.seed) for r in read_shard([f], plan_shards([f], 10)[0], 0)] == \

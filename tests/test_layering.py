@@ -13,7 +13,8 @@ PACKAGES = ("decoders", "models", "workers", "flows", "bench", "reference", "ssd
 STORAGE = {"fsspec", "s3fs", "pyarrow", "boto3"}
 # package -> top-level modules it must never import (directly or inside a function)
 FORBIDDEN = {
-    "decoders": {"models", "workers", "flows", "bench", "reference", "ssdgen", "ray", "prefect", "prefect_ray"} | STORAGE,
+    "decoders": {"models", "workers", "flows", "bench", "reference", "ssdgen", "ray", "prefect",
+                 "prefect_ray"} | STORAGE,
     "models": {"workers", "flows", "bench", "ssdgen", "ray", "prefect", "prefect_ray"} | STORAGE,
     "workers": {"flows", "bench", "reference", "ssdgen", "prefect", "prefect_ray", "fsspec", "s3fs"},
     "flows": {"bench", "reference", "ssdgen"},
@@ -105,7 +106,8 @@ def test_no_import_cycle():
 def test_the_rule_checkers_see_violations(tmp_path):
     p = ROOT / "decoders" / "_layering_probe.py"  # inside the tree so that module names resolve
     try:
-        p.write_text("def f():\n    import prefect\n    from flows.pipeline import generate\n    from . import verify\n")
+        p.write_text("def f():\n    import prefect\n    from flows.pipeline import generate\n"
+                     "    from . import verify\n")
         assert top_levels(p) == {"prefect", "flows", "decoders"}
         assert "decoders.verify" in imported_modules(p)
     finally:

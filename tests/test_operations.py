@@ -211,7 +211,7 @@ def stopped_cleanly(proc: subprocess.Popen, log: Path, rc: int, within: float) -
         proc.wait(timeout=within)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
-        raise AssertionError(f"still running {within} s after the signal: {log.read_text()[-3000:]}")
+        raise AssertionError(f"still running {within} s after the signal: {log.read_text()[-3000:]}") from None
     text = log.read_text()
     assert proc.returncode == rc, text[-3000:]
     assert "Traceback" not in text, text[-4000:]
@@ -233,7 +233,7 @@ def test_ctrl_c_stops_a_run_cleanly_a_second_driver_is_refused_and_a_rerun_compl
     wait_for(lambda: any(out.glob("shards/*/_SUCCESS.json")), a, tmp_path / "a.log")
     second = ssdgen(*args)  # the same output while the first run holds it
     one_error(second, "another ssdgen run is writing here", f"pid {a.pid}")
-    a.send_signal(signal.SIGINT)
+    os.killpg(a.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground process group
     last = stopped_cleanly(a, tmp_path / "a.log", 130, within=20)
     committed = len(list(out.glob("shards/*/_SUCCESS.json")))
     assert last.startswith(f"interrupted: {committed}/12 "), last
@@ -252,9 +252,9 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
     out = tmp_path / "run"
     p = start(["generate", "--prompts", str(tmp_path / "p.parquet"), "--out", str(out), *RUN_ARGS], tmp_path / "t.log")
     wait_for(lambda: "Started a local Ray" in (tmp_path / "t.log").read_text(), p, tmp_path / "t.log")
-    p.send_signal(signal.SIGINT)
+    os.killpg(p.pid, signal.SIGINT)
     time.sleep(0.3)
-    p.send_signal(signal.SIGINT)
+    os.killpg(p.pid, signal.SIGINT)
     stopped_cleanly(p, tmp_path / "t.log", 130, within=8)
 
 

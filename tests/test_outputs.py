@@ -82,12 +82,13 @@ def test_plain_readers_need_no_project_code(tmp_path):
     assert n == 2
 
 
-def test_format_is_a_recorded_setting_and_png_keeps_old_configs_comparable():
+def test_image_format_and_quality_are_recorded_settings():
     from flows.inputs import InputFile
     from flows.pipeline import GenerateConfig
     files = [InputFile("file:///x.parquet", 3, (3,), 100, True, False)]
     png = GenerateConfig(prompts=("x",)).recorded(files)
-    assert "image_format" not in png and "quality" not in png  # a run from before the option resumes
+    assert (png["image_format"], png["quality"]) == ("png", None)  # png ignores the quality: null, not 90
+    assert GenerateConfig(prompts=("x",), quality=50).recorded(files) == png  # so another one resumes
     webp = GenerateConfig(prompts=("x",), image_format="webp", quality=80).recorded(files)
     assert webp == png | {"image_format": "webp", "quality": 80}
 
@@ -137,6 +138,6 @@ def test_cli_output_with_other_settings_one_error_line(tmp_path):
     # a committed (empty) shard: settings are pinned only once one is (a run that committed nothing may change)
     Output(str(out)).commit(0, {"shard": 0, "files": [], "rows": 0, "ok": 0, "failed": 0})
     r = _cli("--prompts", str(src), "--out", str(out), "--shard-size", "256", home=tmp_path / "prefect")
-    _assert_one_error_line(r, "other settings", "(image_format, quality differ", "image_format was 'webp'")
+    _assert_one_error_line(r, "other settings", "(image_format, quality differ", "image_format was 'webp', now 'png'")
     assert sorted(p.name for p in out.iterdir()) == ["_config.json", "shards"]  # nothing more written
     assert json.loads((out / "_config.json").read_text()) == old  # and the old run's settings untouched

@@ -73,7 +73,8 @@ def test_bad_rows_become_error_rows_and_the_shard_commits(tmp_path):
     src = tmp_path / "p.parquet"
     good = _prompts(2)
     rows = good + [{"prompt_id": "null", "prompt": None},
-                   {"prompt_id": "unknown-words", "prompt": "a large red zeppelin at the center on a flat gray background"},
+                   {"prompt_id": "unknown-words",
+                    "prompt": "a large red zeppelin at the center on a flat gray background"},
                    {"prompt_id": "huge", "prompt": "a " * 50_000}]
     _write(None, src, rows)
     s = _run(prompts=[str(src)], out=str(tmp_path / "run"), shard_size=8, batch_size=8, actors=1)

@@ -49,7 +49,7 @@ def test_the_flow_checks_records_and_hands_its_dtype_to_the_actors():
     GenerateConfig(prompts=("x",), dtype="fp16", gpus_per_actor=1, device_type="l4").validate()
     files = [InputFile("file:///x.parquet", 3, (3,), 100, True, False)]
     base = GenerateConfig(prompts=("x",)).recorded(files)
-    assert "dtype" not in base  # a run from before --dtype resumes
+    assert base["dtype"] == "auto"  # recorded at its default too
     bf = GenerateConfig(prompts=("x",), dtype="bf16")
     assert bf.recorded(files) == base | {"dtype": "bf16"} and bf.worker_spec()["dtype"] == "bf16"
 

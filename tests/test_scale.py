@@ -1,6 +1,6 @@
 """Millions of prompts in one run: the lazy shard plan, the row-group cache, markers streamed from storage, the
 group ranges and errors of the bounded window (fast); and, slow, 2,000 shards with the tiny model: the driver's
-memory stays flat (through `ssdgen bench-scale`), and a driver killed mid-run then rerun commits every
+memory stays flat (through `ssdgen dev bench-scale`), and a driver killed mid-run then rerun commits every
 prompt_id exactly once."""
 
 import json
@@ -57,7 +57,7 @@ def _commit(out, shard: int, attempts: int = 1) -> None:
     sample = {"image": None, "width": None, "height": None, "grid": None, "tokens": None, "stats": None,
               "status": "ok", "error": None, "latency_s": 0.1}
     images, stats = shard_tables([sample], rows, "ar", "tiny")
-    for k in range(attempts):  # earlier attempts lose: only the last commits
+    for _ in range(attempts):  # earlier attempts lose: only the last commits
         a = out.new_attempt(shard)
         files = [out.write_table(f"{a}/images.parquet", images), out.write_table(f"{a}/stats.parquet", stats)]
     out.commit(shard, {"shard": shard, "attempt": a.rsplit("/", 1)[-1], "files": files, "rows": 1, "ok": 1,
@@ -123,8 +123,8 @@ def test_driver_memory_stays_flat_over_2000_shards(tmp_path):
     from typer.testing import CliRunner
     from ssdgen.cli import app
     js, png = tmp_path / "bs.json", tmp_path / "rss.png"
-    r = CliRunner().invoke(app, ["bench-scale", "--n", "20000", "--shard-size", "10", "--actors", "2",
-                                 "--json", str(js), "--plot", str(png)])
+    r = CliRunner().invoke(app, ["dev", "bench-scale", "--n", "20000", "--shard-size", "10", "--actors",
+                                 "2", "--json", str(js), "--plot", str(png)])
     assert r.exit_code == 0, r.output
     res = json.loads(js.read_text())
     assert res["shards"] == 2000 and res["images_ok"] == 20000

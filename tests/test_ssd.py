@@ -6,6 +6,7 @@ import torch
 
 from decoders import decode, decoder_config
 from decoders.stats import COMMIT_BONUS
+from decoders.ssd import BUDGET_FULL
 from decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
 from decoders.ssd_train import DistillConfig, train_heads
 from test_decoders import GREEDY, POSITIONS, PROMPTS, SAMPLED, _same_distribution
@@ -77,7 +78,8 @@ def test_token_budget_shrinks_blocks_and_falls_back_to_ar_when_the_batch_fills_i
     eight = decode("ssd+csd", tiny, PROMPTS[:4] * 2, list(range(8)), SAMPLED, params)  # no headroom: plain AR
     ar = decode("ar", tiny, PROMPTS[:4] * 2, list(range(8)), SAMPLED)
     assert torch.equal(eight.tokens, ar.tokens)
-    assert all(s.extra["policy"].startswith("ar") and s.forwards == ar.stats[0].forwards for s in eight.stats)
+    assert all(s.ar_fallback == BUDGET_FULL and s.forwards == ar.stats[0].forwards for s in eight.stats)
+    assert all(s.ar_fallback is None for s in four.stats)
 
 
 def test_heads_for_another_model_or_shape_are_refused(tiny, tmp_path):

@@ -1,4 +1,4 @@
-"""`ssdgen train-reference` on a tiny config: a resumed run continues bit-identically, the object-weighted
+"""`ssdgen dev train-reference` on a tiny config: a resumed run continues bit-identically, the object-weighted
 loss weights what it says, and a checkpoint written with other settings is refused."""
 
 from dataclasses import replace

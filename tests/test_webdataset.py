@@ -135,7 +135,7 @@ def test_format_is_validated_and_recorded():
         GenerateConfig(prompts=("x",), format="zip").validate()
     files = [InputFile("file:///x.parquet", 3, (3,), 100, True, False)]
     base = GenerateConfig(prompts=("x",)).recorded(files)
-    assert "format" not in base  # a run from before --format resumes
+    assert base["format"] == "parquet"  # recorded at its default too
     assert GenerateConfig(prompts=("x",), format="both").recorded(files) == base | {"format": "both"}
 
 

@@ -3,8 +3,8 @@
 Ray Data's callable-class pattern, held by hand: `__init__` does the expensive load, `decode` does the work.
 It is a plain class; the flow wraps it with `ray.remote(...).options(num_cpus=, num_gpus=, max_restarts=-1)`,
 so a crashed actor is restarted (and reloads) by Ray. The actor does no storage I/O: it takes prompt rows
-and returns encoded image bytes (PNG, WebP or JPEG, see `encode_image`), token grids and statistics, so the flow that owns the output layout decides what is
-committed.
+and returns encoded image bytes (PNG, WebP or JPEG, see `encode_image`), token grids and statistics, so the flow
+that owns the output layout decides what is committed.
 
 Per-sample failures never fail the batch: a row that arrives with an error, a prompt the model rejects, or a
 sample whose decoding raises becomes an error row. The batch is decoded together (one decoder call) when it
@@ -62,11 +62,6 @@ def encode_image(img: np.ndarray, image_format: str = "png", quality: int = 90) 
     else:
         raise ValueError(f"unknown image format {image_format!r} (expected one of {', '.join(IMAGE_FORMATS)})")
     return buf.getvalue()
-
-
-def png_bytes(img: np.ndarray) -> bytes:
-    """Deterministic PNG bytes (fixed compression level, no metadata); kept for callers that want PNG."""
-    return encode_image(img, "png")
 
 
 class DecodeWorker:
@@ -156,8 +151,8 @@ class DecodeWorker:
         the audit (see `_audit`). load_s is this incarnation's model load on its first batch, else 0, and
         `worker` says where it ran: the flow needs no extra call per shard to learn either.
 
-        Each sample: prompt_id, status ("ok" | "error"), error, image (bytes in the spec's format), width, height, tokens, stats (a flat
-        dict, see decoders.stats.SampleStats.to_row), latency_s."""
+        Each sample: prompt_id, status ("ok" | "error"), error, image (bytes in the spec's format), width, height,
+        tokens, stats (a flat dict, see decoders.stats.SampleStats.to_row), latency_s."""
         self._use_plan(plan)
         t0 = time.perf_counter()
         out: dict[str, dict] = {}

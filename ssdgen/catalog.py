@@ -1,0 +1,75 @@
+"""What a command line can name: `ssdgen decoders` (the decoder families, their parameters and defaults, read
+from the family table of decoders/configs.py) and `ssdgen models` (the model kinds and their spec syntax, from
+models/registry.py). Both print from those tables, so the listing cannot drift from what the parsers accept.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import fields
+
+import typer
+
+app = typer.Typer()
+
+# what each engine does, for the listing's headings (the table says which engine a family runs on)
+ENGINES = {"ar": "one token per forward", "sjd": "Jacobi iteration over a window of drafted tokens",
+           "ssd": "whole rows drafted by SSD's heads"}
+# the registry's option names, as a spec writes them (models/registry.py parses these)
+OPTION_SYNTAX = {"grid": "grid=RxC", "image_area": "image_area=N"}
+KIND_HELP = {"reference": "the bundled reference model (the default), or a bundle from `ssdgen dev train-reference`",
+             "janus": "a Janus checkpoint (local folder, safetensors)",
+             "emu3": "an Emu3 checkpoint; grid= (token rows x cols) or image_area= (pixels of a square image)",
+             "chameleon": "a Chameleon checkpoint; grid= (token rows x cols, default 32x32)"}
+
+
+def _fill(text: str, indent: str = "") -> str:
+    return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent or "    ",
+                         break_on_hyphens=False)
+
+
+def _text(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def family_params(name: str) -> list[tuple[str, str]]:
+    """(parameter, default) of a family, its defaults applied as `decoder_config` applies them; a str field
+    with fixed choices shows them."""
+    from decoders.configs import CHOICES, FAMILIES, decoder_config
+    cfg = decoder_config(name)
+    if cfg is None:
+        return []
+    values = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name != "relax"}
+    values |= {f.name: getattr(cfg.relax, f.name) for f in fields(cfg.relax)}
+    return [(p, _text(values[p]) + (f" ({'|'.join(CHOICES[p])})" if p in CHOICES else ""))
+            for p in sorted(FAMILIES[name].params)]
+
+
+@app.command("decoders")
+def decoders_cmd():
+    """The decoder families of a decode spec (--decoder family[:key=value]...), their parameters and defaults."""
+    from decoders.configs import FAMILIES, SamplingConfig
+    from decoders.spec import SAMPLING_KEYS
+    for name, fam in FAMILIES.items():
+        how = ENGINES[fam.engine] + (", with CSD's relaxed acceptance" if fam.relaxed else "")
+        typer.echo(f"{name}: {fam.engine} engine, {how}")
+        params = "  ".join(f"{p}={v}" for p, v in family_params(name)) or "no parameters of its own"
+        typer.echo(_fill(params, "    "))
+    sc = SamplingConfig()
+    sampling = "  ".join(f"{k}={_text(getattr(sc, f))}" for k, f in SAMPLING_KEYS.items())
+    typer.echo(_fill(f"every family also takes the sampling settings {sampling}; ssd and ssd+csd take "
+                     "heads=PATH (default: the model's own heads)"))
+    typer.echo("e.g. --decoder ssd+csd:rows=2:cfg=3 or --decoder csd:lam=1 (docs/decoders.md)")
+
+
+@app.command("models")
+def models_cmd():
+    """The model kinds --model names, their spec syntax and options, and the precisions --dtype takes."""
+    from models.registry import DTYPES, OPTIONS
+    for kind, opts in OPTIONS.items():
+        path = "[:/path/to/bundle]" if kind == "reference" else ":/path/to/checkpoint"
+        extra = "[" + "|".join(f":{OPTION_SYNTAX[o]}" for o in opts) + "]" if opts else ""
+        typer.echo(f"{kind}{path}{extra}")
+        typer.echo(_fill(KIND_HELP.get(kind, ""), "    "))
+    typer.echo(_fill(f"--dtype {'|'.join(DTYPES)} (auto: fp32 on the CPU; on a GPU bf16 for Hugging Face "
+                     "checkpoints, fp32 for the reference model); --device cpu|cuda[:N]"))

@@ -18,7 +18,7 @@ an actor crash: only the batches the dead actor held are resubmitted (to its res
 
 Retries: a group task retries with exponential backoff and jitter only on transient errors (storage I/O,
 dead actors), and then runs only its uncommitted shards; configuration, schema and input errors fail at once.
-A failed write is first retried in place (flows.dispatch). Per-sample failures are error rows.
+A failed write is first retried in place (flows.commit). Per-sample failures are error rows.
 Settings that change the images (model, decoder, sampling, seed, batch size, input files, shard size, image
 format and quality, output format) are recorded in `_config.json`; a resume with other settings is refused.
 A device-calibrated decoder (`calibrated=true`, ssd+csd's default) has its rows decided once, by one actor before

@@ -29,10 +29,10 @@ import time
 import numpy as np
 import torch
 
-from decoders import calibrate_spec, install_spec_plan, load_heads, run
-from decoders.configs import CALIBRATION_PROMPTS
-from decoders.sampling import SamplingConfig
-from decoders.spec import DecodeSpec, common_sampling
+from ssdgen.decoders import calibrate_spec, install_spec_plan, load_heads, run
+from ssdgen.decoders.configs import CALIBRATION_PROMPTS
+from ssdgen.decoders.sampling import SamplingConfig
+from ssdgen.decoders.spec import DecodeSpec, common_sampling
 
 
 class ForwardCounter:
@@ -163,7 +163,7 @@ def model_info(model) -> dict:
 
 def resolve_device(device: str, device_type: str):
     """(torch device, Price, devices billed). Rejects a device type that does not price this device."""
-    from flows.cost import price_for
+    from ssdgen.flows.cost import price_for
     price = price_for(device_type)  # unknown types: ValueError listing the known ones
     dev = torch.device(device)  # a malformed device string raises RuntimeError
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -204,7 +204,7 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
     `calibration_s`, `plan_measured` in its row), so the timed batches decode by that plan.
     `quality_decoders`: the decoder specs to score for quality (default: all); lossless decoders sample AR's
     distribution by construction (tested exactly and statistically), so a run may spend its time elsewhere."""
-    from reference.prompts import eval_prompts
+    from ssdgen.reference.prompts import eval_prompts
     sc = check_args(specs, batch_sizes)
     dev, price, devices = resolve_device(str(getattr(model, "device", "cpu")), device_type)
     decs = list(specs)
@@ -261,8 +261,8 @@ def _calibrate(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], ba
 
 def _add_quality(model, decs, rows, chosen, n, batch, seed, log) -> None:
     """Scene accuracy, object accuracy and FD on every speed row of each chosen decoder."""
-    from bench.fidelity import uncapped
-    from reference.evaluate import evaluate
+    from ssdgen.bench.fidelity import uncapped
+    from ssdgen.reference.evaluate import evaluate
     if chosen is not None:
         unknown = [str(q) for q in chosen if q not in decs]
         if unknown:
@@ -287,8 +287,8 @@ def _add_fidelity(model, decs, rows, n, batch, seed, tolerance, log) -> dict | N
     """Fidelity columns on every speed row of each decoder; returns the side-by-side samples (or None). A
     calibrated spec's row gets the fidelity of what its plan decoded at that batch size (`fidelity_of`): one
     of its choices, or the AR control."""
-    from bench.fidelity import choices, fidelity
-    from reference.prompts import eval_prompts
+    from ssdgen.bench.fidelity import choices, fidelity
+    from ssdgen.reference.prompts import eval_prompts
     ev = eval_prompts(n)
     fid = fidelity(model, decs, [r["prompt"] for r in ev], [seed * 1_000_003 + r["seed"] for r in ev],
                    batch, tolerance, log=log, keep_images=8)

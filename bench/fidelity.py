@@ -25,11 +25,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from decoders import run
-from decoders.calibrate import planned
-from decoders.fidelity import paired_gap, ratio_gap, target_nll
-from decoders.configs import REFERENCE_SEED_OFFSET
-from decoders.spec import DecodeSpec, common_sampling
+from ssdgen.decoders import run
+from ssdgen.decoders.calibrate import planned
+from ssdgen.decoders.fidelity import paired_gap, ratio_gap, target_nll
+from ssdgen.decoders.configs import REFERENCE_SEED_OFFSET
+from ssdgen.decoders.spec import DecodeSpec, common_sampling
 
 
 def choices(spec: DecodeSpec) -> dict[int, DecodeSpec]:
@@ -85,15 +85,15 @@ class SceneJudge:
     """The reference model's scorer: features for FD and per-image judgements for accuracy deltas."""
 
     def __init__(self):
-        from reference.scorer import load_scorer
+        from ssdgen.reference.scorer import load_scorer
         self.net = load_scorer()
 
     def features(self, images: np.ndarray) -> np.ndarray:
-        from reference.scorer import predict
+        from ssdgen.reference.scorer import predict
         return predict(self.net, images)["features"]
 
     def columns(self, images: np.ndarray, prompts: list[str]) -> dict[str, np.ndarray]:
-        from reference.scorer import judgements
+        from ssdgen.reference.scorer import judgements
         return _accuracy_columns(judgements(self.net, images, prompts))
 
 
@@ -109,7 +109,7 @@ def compare(dec: dict, ref: dict, control: dict | None, prompts: list[str], judg
            "within_tolerance": bool(-tolerance <= g95["ci"][0] and g95["ci"][1] <= tolerance),
            "fd_to_ar": None, "fd_noise_floor": None}
     if judge is not None:
-        from reference.fd import frechet_distance
+        from ssdgen.reference.fd import frechet_distance
         for s in (ref, control, dec):  # each set's features and judgements once, however many rows use them
             if s is not None and "features" not in s:
                 s["features"], s["columns"] = judge.features(s["images"]), judge.columns(s["images"], prompts)

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from workers.decode_worker import IMAGE_FORMATS, encode_image
+from ssdgen.workers.decode_worker import IMAGE_FORMATS, encode_image
 
 
 def decode(n: int, model_spec: str | None = None, batch_size: int = 32) -> list[np.ndarray]:
     """The first n eval prompts decoded with `ar` -> uint8 HxWx3 images."""
-    from decoders import run
-    from decoders.spec import DecodeSpec
-    from models.registry import load_model
-    from reference.prompts import eval_prompts
+    from ssdgen.decoders import run
+    from ssdgen.decoders.spec import DecodeSpec
+    from ssdgen.models.registry import load_model
+    from ssdgen.reference.prompts import eval_prompts
     model, spec = load_model(model_spec), DecodeSpec.parse("ar")
     rows = eval_prompts(n)
     images = []

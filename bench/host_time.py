@@ -69,7 +69,7 @@ class _Timed:
 
 def _heads(model, seed: int = 1):
     """Random non-identity latent heads saved as the model's default heads (SSD needs some)."""
-    from decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
+    from ssdgen.decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
     torch.manual_seed(seed)
     heads = SpatialHeads(HeadsConfig(dim=model.hidden_dim, emb_dim=model.hidden_dim, n_codes=model.n_codes,
                                      grid=model.grid, model=model_fingerprint(model)))
@@ -81,8 +81,8 @@ def _heads(model, seed: int = 1):
 
 def measure(model, family: str, params: dict, batch: int, repeats: int) -> dict:
     """The best of `repeats` decodes of one batch: host ms per forward, and what it came from."""
-    from decoders import decode
-    from decoders.sampling import SamplingConfig
+    from ssdgen.decoders import decode
+    from ssdgen.decoders.sampling import SamplingConfig
     sc = SamplingConfig(cfg_scale=3.0)
     best = None
     for r in range(repeats):
@@ -124,7 +124,7 @@ def rng_rows(batches: list[int], width: int, codes: int) -> list[dict]:
     """One forward's randomness: per-sample generators against the counter-based streams (none before
     decoders/rng.py existed)."""
     try:
-        from decoders import rng
+        from ssdgen.decoders import rng
     except ImportError:
         return []
     rows = []
@@ -145,7 +145,7 @@ def conditions() -> dict:
 
 
 def run(batches: list[int], repeats: int, codes: int, grid: int) -> dict:
-    from reference.tiny import tiny_model
+    from ssdgen.reference.tiny import tiny_model
     with tempfile.TemporaryDirectory() as tmp:
         model = tiny_model(Path(tmp) / "tiny", codes=codes, grid=grid, scale=0.2)
         _heads(model)

@@ -23,12 +23,12 @@ import pyarrow.parquet as pq
 def run(n: int = 128, decoder: str = "ar", batch_size: int = 16, threads: int = 2, shard_size: int = 32,
         log=print) -> dict:
     import torch
-    from decoders import run as run_spec
-    from decoders.spec import DecodeSpec
-    from flows.inputs import derive_seed
-    from flows.pipeline import generate
-    from reference.prompts import eval_prompts
-    from models.registry import load_model
+    from ssdgen.decoders import run as run_spec
+    from ssdgen.decoders.spec import DecodeSpec
+    from ssdgen.flows.inputs import derive_seed
+    from ssdgen.flows.pipeline import generate
+    from ssdgen.reference.prompts import eval_prompts
+    from ssdgen.models.registry import load_model
 
     rows = [{"prompt_id": r["prompt_id"], "prompt": r["prompt"]} for r in eval_prompts(n)]
     work = Path(tempfile.mkdtemp(prefix="ssdgen-bench-pipeline-"))

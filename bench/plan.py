@@ -33,8 +33,8 @@ _BACKS = ["a flat gray background", "a white background", "a black background"]
 _CHILD = """
 import json, resource, sys, time
 t0 = time.perf_counter()
-from flows.inputs import list_inputs
-from flows.plan import plan_shards
+from ssdgen.flows.inputs import list_inputs
+from ssdgen.flows.plan import plan_shards
 t1 = time.perf_counter()
 files = list_inputs([sys.argv[1]])
 t2 = time.perf_counter()

@@ -211,7 +211,7 @@ def _reference_info(bench: dict) -> dict:
     """model_info for bench JSON written before it was recorded: the bundled reference model's config."""
     if bench.get("model") != "scenes-reference":
         return {}
-    from reference.weights import DEFAULT_DIR
+    from ssdgen.reference.weights import DEFAULT_DIR
     cfg = json.loads((Path(DEFAULT_DIR) / "config.json").read_text())["gpt"]
     d, L, h = cfg["dim"], cfg["n_layers"], cfg["mlp_hidden"]
     V = cfg["n_image_codes"] + cfg["n_caption_words"]
@@ -269,7 +269,7 @@ ASSUMPTIONS = [
 
 def project(bench: dict, accelerators: list[str], models: list[tuple[str, int]], batch_sizes: list[int],
             cfg: bool = True, rf: Roofline = Roofline()) -> dict:
-    from flows.cost import price_for
+    from ssdgen.flows.cost import price_for
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise ValueError(f"batch sizes must be integers >= 1, got {batch_sizes}")
     unknown = [a for a in accelerators if a not in ACCELERATORS]
@@ -341,7 +341,7 @@ def project_cli(bench_json: Path, accelerators: str, models: str, batch_sizes: s
 
 
 def projection_html(result: dict) -> str:
-    from bench import plots
+    from ssdgen.bench import plots
     cols = [("accelerator", "accelerator"), ("model", "model"), ("grid", "grid"), ("decoder", "decoder"),
             ("batch_size", "batch"), ("bound", "bound"), ("tokens_per_forward", "tokens / forward"),
             ("tokens_in_flight", "tokens in flight"), ("seconds_per_forward", "s / forward"),

@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
-from flows.layout import CONFIG, MANIFEST, SUMMARY, Output, file_kind, plan_words
-from flows.verify import damaged_shards
+from ssdgen.decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
+from ssdgen.flows.layout import CONFIG, MANIFEST, SUMMARY, Output, file_kind, plan_words
+from ssdgen.flows.verify import damaged_shards
 
 from . import plots
 
@@ -209,7 +209,7 @@ def _tile(png: bytes, caption: str, extra: str = "") -> str:
 
 
 def _cost(run: dict) -> tuple[list[dict], str]:
-    from flows.cost import cost_table, price_for, run_summary
+    from ssdgen.flows.cost import cost_table, price_for, run_summary
     s = run["summary"]
     if s and s.get("price"):
         return cost_table(s), "from summary.json"

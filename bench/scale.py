@@ -82,8 +82,8 @@ def write_inputs(work: Path, n: int) -> tuple[Path, Path]:
     """The tiny model bundle and n prompts (eval captions cycled, ids p000000000...) under `work`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from reference.prompts import eval_prompts
-    from reference.tiny import tiny_model
+    from ssdgen.reference.prompts import eval_prompts
+    from ssdgen.reference.tiny import tiny_model
     tiny_model(work / "model")
     captions = [r["prompt"] for r in eval_prompts()]
     table = pa.table({"prompt_id": [f"p{i:09d}" for i in range(n)],
@@ -155,7 +155,7 @@ def run(n: int = 200_000, shard_size: int = 10, actors: int = 2, batch_size: int
         plot: str | None = None, workdir: str | None = None, keep: bool = False, sample_s: float = 0.5,
         log=print) -> dict:
     import shutil
-    from flows.pipeline import generate
+    from ssdgen.flows.pipeline import generate
     if n < 1 or shard_size < 1 or actors < 1 or batch_size < 1:
         raise ValueError("--n, --shard-size, --actors and --batch-size must be >= 1")
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ssdgen-bench-scale-"))

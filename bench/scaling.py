@@ -30,10 +30,10 @@ PROMPTS = ["a large red circle at the center on a flat gray background",
 def run(sides=SIDES, n_prompts: int = 8, reference_bench: str | None = None, plot: str | None = None,
         log=print) -> dict:
     import torch
-    from decoders import run as run_spec
-    from decoders.spec import DecodeSpec
-    from decoders.ssd_train import DistillConfig, train_heads
-    from reference.tiny import tiny_model
+    from ssdgen.decoders import run as run_spec
+    from ssdgen.decoders.spec import DecodeSpec
+    from ssdgen.decoders.ssd_train import DistillConfig, train_heads
+    from ssdgen.reference.tiny import tiny_model
     specs = [DecodeSpec.parse(d) for d in DECODERS]
     sc = specs[0].sampling
     prompts = (PROMPTS * n_prompts)[:n_prompts]

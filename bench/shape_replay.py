@@ -47,7 +47,7 @@ TINY = {"tiny-a": Shape("tiny-a", 64, 2, 4, 128, 64), "tiny-b": Shape("tiny-b", 
 
 
 def build(shape: Shape, prompt_len: int, grid: int, device: str, dtype: torch.dtype):
-    from reference.gpt import GPT, GPTConfig
+    from ssdgen.reference.gpt import GPT, GPTConfig
     cfg = GPTConfig(n_image_codes=shape.codes, caption_len=prompt_len, grid=grid, dim=shape.dim,
                     n_layers=shape.n_layers, n_heads=shape.n_heads, mlp_hidden=shape.mlp_hidden)
     with torch.device(device):
@@ -104,7 +104,7 @@ def replay(bench: dict, shapes: list[Shape], device: str, dtype: torch.dtype, bu
 
 def projection_error(bench: dict, rows: list[dict], accelerator: str | None) -> list[dict]:
     """The roofline projection of each replayed row (same size, decoder, batch, grid) and its error."""
-    from bench import projection as pj
+    from ssdgen.bench import projection as pj
     if accelerator is None or accelerator not in pj.ACCELERATORS:
         return []
     stats = pj.decoder_stats(pj.as_bench(bench))

@@ -24,7 +24,7 @@ def __getattr__(name: str):
     if name in _ENGINE:
         from . import engine
         return getattr(engine, name)
-    raise AttributeError(f"module 'decoders' has no attribute {name!r}")
+    raise AttributeError(f"module 'ssdgen.decoders' has no attribute {name!r}")
 
 
 __all__ = ["CSD_DEFAULTS", "DECODER_NAMES", "FAMILIES", "SSD_CSD_DEFAULTS", "DecodeSpec", "Relaxation",

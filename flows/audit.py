@@ -25,7 +25,7 @@ import posixpath
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from decoders.configs import REFERENCE_SEED_OFFSET
+from ssdgen.decoders.configs import REFERENCE_SEED_OFFSET
 
 from .cost import Price, shard_cost
 
@@ -111,7 +111,7 @@ def _cost(committed: dict[int, dict], price: Price | None) -> dict:
 def summarize(out, committed: dict[int, dict], fraction: float, tolerance: float, price: Price | None) -> dict:
     """summary.json's "audit": the NLL gap of the committed audit rows with its 95% interval, and the cost."""
     import numpy as np
-    from decoders.fidelity import paired_gap
+    from ssdgen.decoders.fidelity import paired_gap
     t = read_audit(out, committed)
     nll, ar = (np.asarray(t.column(c).to_pylist(), np.float64) for c in ("nll_per_token", "ar_nll_per_token"))
     n = len(nll)

@@ -37,8 +37,8 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime, timezone
 
-from decoders.configs import CALIBRATION_PROMPTS
-from decoders.spec import DecodeSpec
+from ssdgen.decoders.configs import CALIBRATION_PROMPTS
+from ssdgen.decoders.spec import DecodeSpec
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from tqdm import tqdm
@@ -110,7 +110,7 @@ def _get(refs, stop: StopSignals | None):
 
 def _actors(cfg: GenerateConfig, stop: StopSignals | None = None) -> list:
     import ray
-    from workers.decode_worker import DecodeWorker
+    from ssdgen.workers.decode_worker import DecodeWorker
     # before any actor is requested: one that fits no node would wait forever (flows/cluster.py)
     n = cluster.actors_to_start(cfg.cpus_per_actor, cfg.gpus_per_actor, cfg.actors)
     cls = ray.remote(DecodeWorker).options(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,

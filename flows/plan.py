@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flows.inputs import InputError, InputFile, derive_prompt_id, derive_seed, prompt_ids_as_text
+from ssdgen.flows.inputs import InputError, InputFile, derive_prompt_id, derive_seed, prompt_ids_as_text
 
 
 @dataclass(frozen=True)

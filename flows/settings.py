@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-from decoders.spec import DecodeSpec
+from ssdgen.decoders.spec import DecodeSpec
 
 from .audit import DEFAULT_TOLERANCE, check_audit
 from .cost import Price, price_for
@@ -40,8 +40,8 @@ class GenerateConfig:
     dtype: str = "auto"  # the model's precision on the actors (models/registry.py; auto: bf16 for HF on a GPU)
 
     def validate(self) -> Price:
-        from workers.decode_worker import check_image_format
-        from models.registry import check_dtype, check_model_spec
+        from ssdgen.workers.decode_worker import check_image_format
+        from ssdgen.models.registry import check_dtype, check_model_spec
         if not self.prompts:
             raise ValueError("--prompts: give at least one Parquet file or prefix")
         for name in ("shard_size", "batch_size", "actors"):

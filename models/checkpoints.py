@@ -27,7 +27,7 @@ PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")  # models/hf.py PICKLED
 def default_bundle() -> Path | None:
     """The bundled reference model's folder (reference/weights/), found without importing the package (None
     where the package is not installed: its loader then says so)."""
-    spec = importlib.util.find_spec("reference")
+    spec = importlib.util.find_spec("ssdgen.reference")
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(list(spec.submodule_search_locations)[0]) / "weights"

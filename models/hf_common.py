@@ -31,7 +31,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from decoders.protocol import StepOutput
+from ssdgen.decoders.protocol import StepOutput
 
 
 class PromptEncoder(Protocol):

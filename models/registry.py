@@ -121,9 +121,9 @@ def load_model(spec: str | ModelSpec | None, device: str = "cpu", dtype: str = "
     hf = ms.kind in HF_KINDS
     torch_dtype = resolve_dtype(dtype, device, hf)
     if not hf:
-        from models.reference import ReferenceModel
+        from ssdgen.reference.model import ReferenceModel
         return ReferenceModel(ms.path, device=device, dtype=torch_dtype)
-    from models.hf import ADAPTERS
+    from ssdgen.models.hf import ADAPTERS
     return ADAPTERS[ms.kind].from_pretrained(ms.path, device=device, dtype=torch_dtype, **ms.options())
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from decoders import run
-from decoders.spec import DecodeSpec
+from ssdgen.decoders import run
+from ssdgen.decoders.spec import DecodeSpec
 
 from . import captions as cap
 from .fd import frechet_distance

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from reference.gpt import GPT, GPTConfig
-from models.reference import ReferenceModel
-from reference.vqvae import VQVAE, VQConfig
-from reference.weights import save_bundle
+from ssdgen.reference.gpt import GPT, GPTConfig
+from ssdgen.reference.model import ReferenceModel
+from ssdgen.reference.vqvae import VQVAE, VQConfig
+from ssdgen.reference.weights import save_bundle
 
 
 def tiny_model(path: Path, codes: int = 8, grid: int = 4, seed: int = 0, scale: float = 0.35) -> ReferenceModel:

@@ -21,11 +21,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from decoders.spec import DecodeSpec
+from ssdgen.decoders.spec import DecodeSpec
 
 from .figures import learning_curve_plot
 from .evaluate import generate  # imported up front: a long run must not pick up code edited while it trains
-from models.reference import ReferenceModel
+from ssdgen.reference.model import ReferenceModel
 from .prompts import eval_prompts
 from .scorer import load_scorer, score
 from .train_data import build_dataset, cached_tokenized_set

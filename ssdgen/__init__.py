@@ -1,13 +1,16 @@
-"""ssdgen: batch image generation with speculative decoders for AR image transformers. The command line is
-ssdgen/cli.py; README.md says what is where. From Python, `ssdgen.open_run(URL)` reads a run's committed
-output and `ssdgen.export(URL, DIR, fmt)` copies it into a flat folder (ssdgen/api.py)."""
+"""ssdgen: batch image generation with speculative decoders for AR image transformers.
+
+One import namespace holds the layers, each a folder of the repository (README.md, "Layout"):
+ssdgen.decoders < ssdgen.reference < ssdgen.models < ssdgen.workers < ssdgen.flows < ssdgen.bench < ssdgen.cli.
+From Python, `ssdgen.open_run(URL)` reads a run's committed output and `ssdgen.export(URL, DIR, fmt)` copies it
+into a flat folder (ssdgen/flows/reader.py)."""
 
 __all__ = ["open_run", "export", "committed_shards"]
 
 
 def __getattr__(name: str):
-    # lazy: `import ssdgen` (every CLI start) must not import pyarrow and the flows
+    # lazy: `import ssdgen.decoders` (every actor, every CLI start) must not import pyarrow and the flows
     if name in __all__:
-        from ssdgen import api
-        return getattr(api, name)
+        from ssdgen.flows import reader
+        return getattr(reader, name)
     raise AttributeError(f"module 'ssdgen' has no attribute {name!r}")

@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def ref_model():
-    from models.reference import ReferenceModel
+    from ssdgen.reference.model import ReferenceModel
     return ReferenceModel()
 
 
@@ -80,7 +80,7 @@ def local_ray():
     auth, as a local run starts it (flows.cluster.start_local). Started once and kept up; started again if a
     test (the multi-node ones) shut it down to connect to another cluster."""
     import ray
-    from flows.cluster import start_local
+    from ssdgen.flows.cluster import start_local
     if not ray.is_initialized():
         start_local(num_cpus=2, object_store_memory=256 * 2**20)
     yield ray

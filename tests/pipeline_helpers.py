@@ -6,7 +6,7 @@ import io
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reference.prompts import eval_prompts
+from ssdgen.reference.prompts import eval_prompts
 
 SCHEMA = pa.schema([("prompt_id", pa.string()), ("prompt", pa.string())])
 
@@ -39,6 +39,6 @@ def committed_tables(out_url):
 
 def run_flow(**kw):
     """The generate flow with small test defaults (ar, 2 actors, no progress bar); kw override them."""
-    from flows.pipeline import generate
+    from ssdgen.flows.pipeline import generate
     base = dict(decoder="ar", batch_size=16, shard_size=32, actors=2, progress=False)
     return generate(**(base | kw))

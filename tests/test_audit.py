@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from pipeline_helpers import eval_rows, write_parquet
 
-from flows.audit import AUDIT_FILE, audit_table, is_audited, mark_rows, summarize, warning
+from ssdgen.flows.audit import AUDIT_FILE, audit_table, is_audited, mark_rows, summarize, warning
 
 
 def test_selection_is_deterministic_and_takes_about_the_fraction():
@@ -24,7 +24,7 @@ def test_selection_is_deterministic_and_takes_about_the_fraction():
 
 
 def test_mark_rows_skips_bad_rows_and_gives_the_reference_seed():
-    from decoders.configs import REFERENCE_SEED_OFFSET
+    from ssdgen.decoders.configs import REFERENCE_SEED_OFFSET
     rows = [{"prompt_id": f"p{i}", "seed": i, "error": None} for i in range(50)]
     rows.append({"prompt_id": "bad", "seed": 1, "error": "prompt is null"})
     assert mark_rows(rows, 1.0) == 50 and "audit_seed" not in rows[-1]
@@ -38,7 +38,7 @@ def test_mark_rows_skips_bad_rows_and_gives_the_reference_seed():
     (1.5, 0.15, "--audit must be a fraction in [0, 1]"), (-0.1, 0.15, "--audit must"),
     (float("nan"), 0.15, "--audit must"), (0.1, 0.0, "--audit-tolerance")])
 def test_bad_audit_settings_are_refused(audit, tolerance, message):
-    from flows.pipeline import GenerateConfig
+    from ssdgen.flows.pipeline import GenerateConfig
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         GenerateConfig(prompts=("x",), audit=audit, audit_tolerance=tolerance).validate()
 
@@ -51,7 +51,7 @@ def test_cli_refuses_a_bad_fraction_in_one_line(command):
 
 
 def test_audit_settings_are_recorded_whether_or_not_auditing():
-    from flows.pipeline import GenerateConfig
+    from ssdgen.flows.pipeline import GenerateConfig
     off = GenerateConfig(prompts=("x",)).recorded([])
     assert (off["audit"], off["audit_tolerance"]) == (0.0, GenerateConfig.audit_tolerance)
     rec = GenerateConfig(prompts=("x",), audit=0.05, audit_tolerance=0.2).recorded([])
@@ -73,8 +73,8 @@ def _rows(gaps, start=0):
 
 
 def test_summary_reads_only_committed_audit_rows_and_costs_them_apart(tmp_path):
-    from flows.cost import price_for
-    from flows.layout import Output
+    from ssdgen.flows.cost import price_for
+    from ssdgen.flows.layout import Output
     out = Output(str(tmp_path / "run"))
     rng = np.random.default_rng(0)
     _commit(out, 0, _rows(0.4 + 0.05 * rng.standard_normal(20)), 3.0)
@@ -96,7 +96,7 @@ def test_summary_reads_only_committed_audit_rows_and_costs_them_apart(tmp_path):
 
 def _audit_files(fs, out):
     """prompt_id -> how many committed audit rows hold it, and the committed audit files' (path, sha256)."""
-    from flows.layout import Output
+    from ssdgen.flows.layout import Output
     o = Output(out)
     counts, files = {}, []
     for m in o.committed().values():
@@ -118,8 +118,8 @@ def _cli(*args):
 @pytest.mark.usefixtures("prefect_server", "local_ray")
 def test_s3_audit_rows_are_committed_once_and_a_resume_does_not_audit_again(s3, tmp_path):
     from faults import crash_driver
-    from flows.layout import Output
-    from reference.tiny import tiny_model
+    from ssdgen.flows.layout import Output
+    from ssdgen.reference.tiny import tiny_model
     tiny_model(tmp_path / "tiny")  # 4x4 tokens: a csd run is seconds
     rows = eval_rows(12)
     write_parquet(s3, "ssdgen-test/in/p.parquet", rows)
@@ -156,7 +156,7 @@ def test_s3_audit_rows_are_committed_once_and_a_resume_does_not_audit_again(s3, 
 
 def _check_rows(fs, out, chosen):
     """Audit rows carry the image's seed, the reference seed, the target NLLs and the forwards."""
-    from flows.layout import Output
+    from ssdgen.flows.layout import Output
     o = Output(out)
     man = pq.read_table(fs.open(o.path("manifest.parquet"), "rb")).to_pylist()
     assert all(m["audit_url"] for m in man)

@@ -28,9 +28,9 @@ def cli(*args):
 def tiny_bench(tmp_path_factory):
     """A real bench run (ar and csd, batches 1 and 2) on the tiny random model: seconds, not minutes."""
     import torch
-    from decoders.spec import DecodeSpec
-    from bench.decode import bench
-    from reference.tiny import tiny_model
+    from ssdgen.decoders.spec import DecodeSpec
+    from ssdgen.bench.decode import bench
+    from ssdgen.reference.tiny import tiny_model
     m = tiny_model(tmp_path_factory.mktemp("tiny"))
     res = bench(m, [DecodeSpec.parse("ar"), DecodeSpec.parse("csd:window=4")], 2, [1, 2], 0, log=lambda *_: None)
     return res | {"_threads": torch.get_num_threads()}
@@ -88,7 +88,7 @@ def _no_external_urls(text: str) -> None:
 
 
 def test_bench_html_is_standalone_and_says_quality_was_skipped(tiny_bench):
-    from bench.plots import bench_html
+    from ssdgen.bench.plots import bench_html
     text = bench_html(tiny_bench)
     _no_external_urls(text)
     imgs = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
@@ -98,7 +98,7 @@ def test_bench_html_is_standalone_and_says_quality_was_skipped(tiny_bench):
 
 
 def test_pareto_front_and_plot_with_quality(tiny_bench):
-    from bench.plots import bench_html, pareto_front
+    from ssdgen.bench.plots import bench_html, pareto_front
     assert pareto_front([(1, 0.5), (2, 0.4), (1.5, 0.3), (2, 0.45), (0.5, 0.6)]) == [4, 0, 3]
     res = json.loads(json.dumps(tiny_bench))
     for r in res["rows"]:
@@ -111,7 +111,7 @@ def test_pareto_front_and_plot_with_quality(tiny_bench):
 def test_bench_html_renders_in_headless_chromium(tiny_bench, tmp_path):
     import numpy as np
     from PIL import Image
-    from bench.plots import bench_html, find_chromium, screenshot
+    from ssdgen.bench.plots import bench_html, find_chromium, screenshot
     if find_chromium() is None:
         if os.environ.get("CI"):  # .ci/run installs it: in CI a missing browser is a failure, not a skip
             pytest.fail("no chromium in CI")
@@ -127,7 +127,7 @@ def test_bench_html_renders_in_headless_chromium(tiny_bench, tmp_path):
 # ------------------------------------------------------------------------------------------ projection
 
 def test_roofline_memory_bound_time_is_bytes_over_bandwidth():
-    from bench.projection import Accelerator, ModelSpec, forward_time, kv_bytes_per_token
+    from ssdgen.bench.projection import Accelerator, ModelSpec, forward_time, kv_bytes_per_token
     acc = Accelerator("toy", mem_bw=1e12, peak_flops=1e15, mem_bytes=80e9, source="test")
     m = ModelSpec("toy", params=1e9, layers=10, dim=1000, kv_dim=1000, prompt_len=0, bytes_per_value=2)
     assert kv_bytes_per_token(m) == 2 * 10 * 1000 * 2 == 40_000
@@ -142,7 +142,7 @@ def test_roofline_memory_bound_time_is_bytes_over_bandwidth():
 
 
 def test_projection_per_image_time_kv_cap_and_cost():
-    from bench.projection import Accelerator, DecoderStats, ModelSpec, Roofline, kv_cap, project_one
+    from ssdgen.bench.projection import Accelerator, DecoderStats, ModelSpec, Roofline, kv_cap, project_one
     acc = Accelerator("toy", 1e12, 1e15, 80e9, "test")
     m = ModelSpec("toy", 1e9, 10, 1000, 1000, prompt_len=0, bytes_per_value=2)
     # kv cap: (80e9 * 0.9 - 2e9) / (2 rows (CFG) * 40,000 B * 256 tokens) = 70e9 / 20.48e6 = 3417.96
@@ -171,8 +171,8 @@ def test_projection_per_image_time_kv_cap_and_cost():
 
 
 def test_projection_reads_an_older_bench_json_and_calibrates():
-    from bench.projection import decoder_stats, project
-    from bench.projection_check import calibrate
+    from ssdgen.bench.projection import decoder_stats, project
+    from ssdgen.bench.projection_check import calibrate
     bench = json.loads((ROOT / "tests/data/bench_v1_batch1.json").read_text())
     st = {s.decoder: s for s in decoder_stats(bench)}
     assert st["ar"].tokens_fed_per_forward == 1 and st["csd:window=16"].tokens_fed_per_forward == 16
@@ -185,7 +185,7 @@ def test_projection_reads_an_older_bench_json_and_calibrates():
     cal = calibrate(bench, cpu)
     assert len(cal["rows"]) == 3 and all(math.isfinite(r["error_pct"]) for r in cal["rows"])
     # several measured files (an eval JSON counts as a one-row bench); two constants fitted, the rest held out
-    from bench.projection_check import calibrate_fitted, merge_benches
+    from ssdgen.bench.projection_check import calibrate_fitted, merge_benches
     merged = merge_benches([str(ROOT / "tests/data" / f) for f in ("bench_v1_batch1.json", "eval_csd_v1.json")])
     assert [r["source"] for r in merged["rows"]] == ["bench_v1_batch1.json"] * 3 + ["eval_csd_v1.json"]
     fit = calibrate_fitted(merged, cpu)
@@ -211,10 +211,10 @@ def test_projection_cli_and_bad_arguments(tmp_path):
 def test_bench_fidelity_columns_and_frontier_page(tmp_path):
     """--fidelity-n adds the NLL gap (with its interval and verdict) to every row of a decoder, and the
     page plots images/s against it."""
-    from decoders.spec import DecodeSpec
-    from bench.decode import FIDELITY_COLS, bench
-    from bench.plots import bench_html
-    from reference.tiny import tiny_model
+    from ssdgen.decoders.spec import DecodeSpec
+    from ssdgen.bench.decode import FIDELITY_COLS, bench
+    from ssdgen.bench.plots import bench_html
+    from ssdgen.reference.tiny import tiny_model
     m = tiny_model(tmp_path / "tiny")
     res = bench(m, [DecodeSpec.parse("ar"), DecodeSpec.parse("csd:window=4:lam=6")], 2, [1, 2], 0,
                 log=lambda *_: None, fidelity_n=64)

@@ -3,9 +3,9 @@
 
 import pytest
 
-from decoders.spec import DecodeSpec
-from models.checkpoints import BUNDLE_FILES, PICKLED, default_bundle
-from models.registry import check_model_spec
+from ssdgen.decoders.spec import DecodeSpec
+from ssdgen.models.checkpoints import BUNDLE_FILES, PICKLED, default_bundle
+from ssdgen.models.registry import check_model_spec
 
 
 def fails(exc, *words, model, decoder=None):
@@ -17,8 +17,8 @@ def fails(exc, *words, model, decoder=None):
 
 
 def test_the_lists_match_what_the_loaders_open():
-    from models.hf import PICKLED as HF_PICKLED
-    from reference.weights import DEFAULT_DIR, FILES
+    from ssdgen.models.hf import PICKLED as HF_PICKLED
+    from ssdgen.reference.weights import DEFAULT_DIR, FILES
     assert set(BUNDLE_FILES) == set(FILES) | {"checksums.json"} and PICKLED == HF_PICKLED
     assert default_bundle() == DEFAULT_DIR
 

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ssdgen.cli import DEV, PANELS, app
+from ssdgen.cli.app import DEV, PANELS, app
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = "a large red circle at the center on a flat gray background"
@@ -86,7 +86,7 @@ def test_calibrate_says_what_the_device_decides(tmp_path):
 
 @pytest.mark.integration
 def test_train_heads_trains_both_kinds_from_one_sample_set(tmp_path):
-    from reference.tiny import tiny_model
+    from ssdgen.reference.tiny import tiny_model
     tiny_model(tmp_path / "tiny")
     heads = f"{tmp_path / 'tiny' / 'heads'},{tmp_path / 'tiny' / 'heads-token'}"
     r = run("train-heads", "--model", f"reference:{tmp_path / 'tiny'}", "--kind", "latent,token", "--n-images", "4",
@@ -163,7 +163,7 @@ def test_serve_takes_every_setting_generate_takes_and_checks_them_first():
 
 
 def test_decoders_lists_every_family_with_its_parameters_and_defaults():
-    from decoders.configs import FAMILIES
+    from ssdgen.decoders.configs import FAMILIES
     r = CliRunner().invoke(app, ["decoders"])
     assert r.exit_code == 0, r.output
     blocks, name = {}, None
@@ -182,7 +182,7 @@ def test_decoders_lists_every_family_with_its_parameters_and_defaults():
 
 
 def test_models_lists_every_kind_with_a_spec_syntax_the_registry_parses():
-    from models.registry import OPTIONS, ModelSpec
+    from ssdgen.models.registry import OPTIONS, ModelSpec
     r = CliRunner().invoke(app, ["models"])
     assert r.exit_code == 0, r.output
     syntax = {line.split(":")[0].split("[")[0]: line for line in r.output.splitlines()

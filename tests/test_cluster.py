@@ -4,7 +4,7 @@ line before any actor is requested, while a pool larger than the machine is cut 
 
 import pytest
 
-from flows import cluster
+from ssdgen.flows import cluster
 
 
 class Lines:

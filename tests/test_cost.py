@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cost import (COLUMNS, DEFAULT_PRICES, Price, cost_table, load_prices, price_for,
+from ssdgen.flows.cost import (COLUMNS, DEFAULT_PRICES, Price, cost_table, load_prices, price_for,
                         render_cost_table, run_summary, shard_cost)
 
 REPO = Path(__file__).resolve().parents[1]

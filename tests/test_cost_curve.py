@@ -5,10 +5,10 @@ plan is decided once (tokens depend on the seed only), and a real curve on a tin
 import pytest
 import torch
 
-from decoders import decode
-from decoders.calibrate import AR_FASTER, choose, worth_timing
-from decoders.cost_curve import CostCurve, best_rows, measure_cost_curve, window_rates
-from decoders.sampling import SamplingConfig
+from ssdgen.decoders import decode
+from ssdgen.decoders.calibrate import AR_FASTER, choose, worth_timing
+from ssdgen.decoders.cost_curve import CostCurve, best_rows, measure_cost_curve, window_rates
+from ssdgen.decoders.sampling import SamplingConfig
 from tiny import tiny_model, tiny_with_heads
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -56,7 +56,7 @@ def test_only_plausible_choices_are_timed_and_ties_go_to_fewer_rows():
 def _fake_device(monkeypatch, f, measured: dict | None = None) -> list:
     """The calibration sees cost curve f and, if it times choices, `measured` (images/s); returns the list of
     choice sets it timed."""
-    import decoders.calibrate as cal
+    import ssdgen.decoders.calibrate as cal
     timed = []
     monkeypatch.setattr(cal, "measure_cost_curve", lambda model, prompts, use_cfg, most: CostCurve(
         len(prompts), SIZES, tuple(float(f(s)) for s in SIZES)))
@@ -105,7 +105,7 @@ def test_a_plan_is_decided_once_so_tokens_depend_on_the_seed_only(tmp_path):
 
 def test_an_installed_plan_is_what_decodes(tmp_path):
     """A run's recorded plan (flows.pipeline) installed on a fresh model object decodes without calibrating."""
-    from decoders import DecodeSpec, install_spec_plan, plan_of, run
+    from ssdgen.decoders import DecodeSpec, install_spec_plan, plan_of, run
     tiny = tiny_with_heads(tmp_path / "t")
     spec = DecodeSpec.parse("ssd+csd:cfg=3")
     plan = {"rows": 0, "batch": 16, "estimates": {"0": 1.0}, "measured": {}, "cost_curve": {}, "seconds": 0.0}

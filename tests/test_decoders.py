@@ -14,11 +14,11 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency
 
-import decoders.sjd as sjd_mod
-from decoders import decode, decoder_config
-from decoders.sampling import SamplingConfig, sample_from
-from decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
-from decoders.verify import Relaxation, verify
+import ssdgen.decoders.sjd as sjd_mod
+from ssdgen.decoders import decode, decoder_config
+from ssdgen.decoders.sampling import SamplingConfig, sample_from
+from ssdgen.decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
+from ssdgen.decoders.verify import Relaxation, verify
 from tiny import tiny_model
 
 PROMPTS = ["a large red circle at the center on a flat gray background",
@@ -196,7 +196,7 @@ def test_stats_commit_map_accounts_for_every_token(tiny):
 def test_position_noise_is_a_table_held_one_window_at_a_time():
     # coupled drafts need one noise row per index; PositionNoise holds only the window's rows but must give
     # exactly the rows of the whole table, computed up front, for windows that slide by ragged steps
-    from decoders import rng
+    from ssdgen.decoders import rng
     base = rng.Streams([3, 4]).base(rng.Purpose.NOISE)
     table = rng.gumbel(rng.uniform(base, torch.arange(20)[None], width=8))  # [2, 20, 8], computed up front
     noise = rng.PositionNoise(base, V=8, span=5)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reference.prompts import eval_prompts
+from ssdgen.reference.prompts import eval_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -268,7 +268,7 @@ def test_infra_prefect_yaml_deploys_and_runs_on_a_process_worker(tmp_path):
 
 def test_cluster_limit_holds_slots_while_actors_run(tmp_path, local_ray):
     from prefect.client.orchestration import get_client
-    from flows.pipeline import generate
+    from ssdgen.flows.pipeline import generate
     _ensure_gcl("ssdgen-test-cap", 3)
     src = tmp_path / "p.parquet"
     expected = _write_prompts(src, 4)
@@ -295,7 +295,7 @@ def test_cluster_limit_holds_slots_while_actors_run(tmp_path, local_ray):
 
 
 def test_an_unknown_cluster_limit_fails_the_run_before_any_work(tmp_path):
-    from flows.pipeline import GenerateConfig, generate
+    from ssdgen.flows.pipeline import GenerateConfig, generate
     src = tmp_path / "p.parquet"
     _write_prompts(src, 2)
     with pytest.raises(Exception, match="no-such-limit.*must be created") as e:

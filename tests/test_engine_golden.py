@@ -51,7 +51,7 @@ RUNS = [("ar", {}), ("sjd", {"window": 6}), ("sjd", {"window": 6, "coupled": Tru
 
 
 def _sampling_configs():
-    from decoders.sampling import SamplingConfig
+    from ssdgen.decoders.sampling import SamplingConfig
     return (("cfg3", SamplingConfig(cfg_scale=3.0)),
             ("filtered", SamplingConfig(cfg_scale=2.0, temperature=0.9, top_k=5, top_p=0.9)))
 
@@ -72,7 +72,7 @@ def _summary(res) -> dict:
 
 def record(model, runs=RUNS) -> dict:
     """{"<sampling> <decoder> <params>": _summary} for every run under both sampling configs."""
-    from decoders import decode
+    from ssdgen.decoders import decode
     from test_decoders import PROMPTS
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one summation order, whatever the machine's core count

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from decoders import decode
-from decoders.fidelity import bootstrap_ci, paired_gap, ratio_gap, target_nll
-from decoders.sampling import SamplingConfig, processed_probs
-from decoders.spec import DecodeSpec
-from bench.fidelity import fidelity
+from ssdgen.decoders import decode
+from ssdgen.decoders.fidelity import bootstrap_ci, paired_gap, ratio_gap, target_nll
+from ssdgen.decoders.sampling import SamplingConfig, processed_probs
+from ssdgen.decoders.spec import DecodeSpec
+from ssdgen.bench.fidelity import fidelity
 from tiny import tiny_model
 
 PROMPT = "a large red circle at the center on a flat gray background"
@@ -84,8 +84,8 @@ def test_lossless_indistinguishable_and_a_planted_lossy_setting_caught(tiny):
 def test_a_calibrated_spec_is_measured_at_every_choice_it_may_make():
     """A calibrated spec may decode with 1 .. rows rows (or AR, exact) depending on the device: fidelity
     measures each choice under its uncalibrated spec, and leaves every other spec as it is."""
-    from bench.fidelity import choices, uncapped
-    from decoders.spec import DecodeSpec
+    from ssdgen.bench.fidelity import choices, uncapped
+    from ssdgen.decoders.spec import DecodeSpec
     spec = DecodeSpec.parse("ssd+csd:lam=1")  # the prefix engine, calibrated, rows 2 by default
     opts = choices(spec)
     assert sorted(opts) == [1, 2] and opts[1].label == "ssd+csd:calibrated=false:lam=1:rows=1"

@@ -9,10 +9,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from decoders import decode  # noqa: E402
-from models.hf import (ChameleonAdapter, Emu3Adapter, HashPromptEncoder, JanusAdapter,  # noqa: E402
+from ssdgen.decoders import decode  # noqa: E402
+from ssdgen.models.hf import (ChameleonAdapter, Emu3Adapter, HashPromptEncoder, JanusAdapter,  # noqa: E402
                                   load_model)
-from decoders.sampling import SamplingConfig  # noqa: E402
+from ssdgen.decoders.sampling import SamplingConfig  # noqa: E402
 
 
 

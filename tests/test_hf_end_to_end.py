@@ -119,7 +119,7 @@ def test_train_heads_then_generate_ssd_csd_on_s3(s3, tmp_path, kind, dtype):
 def test_emu3_grid_from_the_folder_or_the_model_spec(tmp_path):
     """The grid: config.json's image_area, else 90 x 90; `:grid=RxC` or `:image_area=N` on the spec override
     it; a bad option is one line naming it, checked before any actor starts (check_model_spec)."""
-    from models.registry import ModelSpec, check_model_spec, load_model
+    from ssdgen.models.registry import ModelSpec, check_model_spec, load_model
     ckpt = emu3_folder(tmp_path / "emu3")
     assert load_model(f"emu3:{ckpt}").grid == EMU3_GRID
     assert load_model(f"emu3:{ckpt}:grid=3x5").grid == (3, 5)

@@ -15,9 +15,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import models.hf as hf  # noqa: E402
-from decoders import decode  # noqa: E402
-from decoders.sampling import SamplingConfig  # noqa: E402
+import ssdgen.models.hf as hf  # noqa: E402
+from ssdgen.decoders import decode  # noqa: E402
+from ssdgen.decoders.sampling import SamplingConfig  # noqa: E402
 from test_hf_adapters import PROMPTS, WORDS, tiny_janus  # noqa: E402
 
 
@@ -109,7 +109,7 @@ def test_a_folder_without_weights_or_a_missing_folder_is_named(tmp_path):
 
 
 def test_the_registry_loads_a_checkpoint_in_the_dtype_asked_for(janus_dir, monkeypatch):
-    from models.registry import load_model
+    from ssdgen.models.registry import load_model
     a, src = janus_dir
     assert any(f.suffix == ".safetensors" for f in src.iterdir())
     monkeypatch.setattr(hf, "_tokenizer", lambda p: _Tokenizer(a.pad_id, ("<begin_of_image>", a.boi_id)))

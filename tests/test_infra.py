@@ -95,14 +95,14 @@ def test_ray_cluster_launcher_config_has_head_and_l4_workers():
                for t in workers)
     for t in workers:
         assert 0 <= t["min_workers"] <= t["max_workers"] <= c["max_workers"]
-    from flows.cost import load_prices
+    from ssdgen.flows.cost import load_prices
     assert load_prices()["l4"].instance_type == "g6.xlarge"  # the price row the workers are costed by
     assert any("ssdgen" in cmd and "install" in cmd for cmd in c["setup_commands"])
 
 
 def test_prefect_entrypoint_loads_and_parameters_match_the_flow_signature(monkeypatch):
     from prefect.flows import load_flow_from_entrypoint
-    from flows.pipeline import GenerateConfig, generate
+    from ssdgen.flows.pipeline import GenerateConfig, generate
     sig = inspect.signature(generate.fn)
     # every flow parameter is a run setting (or the progress bar, or --overwrite's action): none exists for the
     # tests alone
@@ -125,7 +125,7 @@ def test_prefect_entrypoint_loads_and_parameters_match_the_flow_signature(monkey
         kw = {k: v for k, v in params.items() if k in cfg_keys}
         kw["prompts"] = tuple(kw["prompts"])
         if "decoder" in kw:  # the flow parses its decode spec at its edge, as here
-            from decoders.spec import DecodeSpec
+            from ssdgen.decoders.spec import DecodeSpec
             kw["decoder"] = DecodeSpec.parse(kw["decoder"])
         GenerateConfig(**kw).validate()
 
@@ -193,7 +193,7 @@ def test_dockerfile_installs_the_project_as_the_makefile_does_for_runtime():
 
 
 def test_prices_load_and_cover_every_device_type_the_deployments_use():
-    from flows.cost import load_prices
+    from ssdgen.flows.cost import load_prices
     prices = load_prices(INFRA / "prices.csv")
     used = {dep["parameters"].get("device_type", "cpu") for dep in _deployments()}
     assert used <= set(prices), used - set(prices)
@@ -227,7 +227,7 @@ def test_every_deployments_actor_fits_a_gpu_worker_pod_and_the_pool_fits_the_gro
     """An actor must fit on one node, or it waits forever (flows/cluster.py): each deployment's per-actor CPUs
     and GPUs within what one GPU worker pod gives Ray, and its actors within the group's `maxReplicas` pods.
     Memory: the actors request none from Ray (flows/pipeline.py `_actors`), so the pod's memory is never short."""
-    from flows.pipeline import generate
+    from ssdgen.flows.pipeline import generate
     (rc,) = [d for d in yaml.safe_load_all((INFRA / "kuberay-raycluster.yaml").read_text()) if d]
     groups = [g for g in rc["spec"]["workerGroupSpecs"] if _ray_resources(g)["GPU"] > 0]
     assert groups, "no GPU worker group"

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from flows.layout import Output
-from flows.lease import LEASE_DIR, Lease, LeaseHeld, LeaseLost
+from ssdgen.flows.layout import Output
+from ssdgen.flows.lease import LEASE_DIR, Lease, LeaseHeld, LeaseLost
 
 
 def _dead_pid() -> int:

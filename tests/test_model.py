@@ -4,9 +4,9 @@ per-sample random numbers, and batch invariance of seeded sampling."""
 import pytest
 import torch
 
-from decoders import rng
-from decoders.sampling import SamplingConfig, cfg_mix, processed_probs, sample_from
-from reference.gpt import GPT, GPTConfig
+from ssdgen.decoders import rng
+from ssdgen.decoders.sampling import SamplingConfig, cfg_mix, processed_probs, sample_from
+from ssdgen.reference.gpt import GPT, GPTConfig
 
 TINY = GPTConfig(dim=64, n_layers=2, n_heads=4, mlp_hidden=96, caption_len=6, grid=4, n_caption_words=8)
 

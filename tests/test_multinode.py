@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reference.prompts import eval_prompts
+from ssdgen.reference.prompts import eval_prompts
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]
 
@@ -67,7 +67,7 @@ def _markers(out):
     """shard -> commit marker. On a local disk a marker being written can be seen empty for a moment (the
     create-only open comes before the write), so a read during a run retries."""
     import json
-    from flows.layout import Output
+    from ssdgen.flows.layout import Output
     for _ in range(50):
         try:
             return Output(str(out)).committed()
@@ -86,7 +86,7 @@ def _spy_batches(monkeypatch) -> list[tuple[int, int, str | None]]:
     """(shard, gen, node_id of the actor that decoded it) for every batch result the dispatcher handles, in
     order (errors leave the node None). gen counts the shard's resubmissions: 0 until the driver has seen its
     actor die and the restarted actor answer. A spy on the dispatcher's own handler; Ray is real."""
-    from flows.dispatch import Dispatcher
+    from ssdgen.flows.dispatch import Dispatcher
     seen, handle = [], Dispatcher._on_batch
 
     def on_batch(self, job, i, gen, fut):
@@ -99,14 +99,14 @@ def _spy_batches(monkeypatch) -> list[tuple[int, int, str | None]]:
 
 
 def _run(**kw):
-    from flows.pipeline import generate
+    from ssdgen.flows.pipeline import generate
     base = dict(decoder="ar", progress=False, gpus_per_actor=1.0, cpus_per_actor=0.5, device_type="l4")
     return generate(**(base | kw))
 
 
 def test_actors_are_placed_by_their_gpus(cluster, tmp_path):
     import ray
-    from flows.pipeline import GenerateConfig, _actors
+    from ssdgen.flows.pipeline import GenerateConfig, _actors
     ids = {n.node_id: name for name, n in cluster.named.items()}
     cfg = GenerateConfig(prompts=("x",), actors=3, gpus_per_actor=1.0, cpus_per_actor=0.5, device_type="l4")
     actors = _actors(cfg)  # the flow's own actor construction
@@ -137,8 +137,8 @@ def test_run_survives_losing_a_worker_node(cluster, tmp_path, monkeypatch):
     new node would (on a real cluster: minutes). Meanwhile the lost actors cannot restart anywhere; the shards
     they held must wait for them instead of spending their retries, and the run completes with every prompt
     exactly once."""
-    import flows.pipeline
-    monkeypatch.setattr(flows.pipeline, "ACTOR_RESTART_WAIT_S", 240.0)  # a failing test must not hang for 15 min
+    from ssdgen.flows import pipeline as flows_pipeline
+    monkeypatch.setattr(flows_pipeline, "ACTOR_RESTART_WAIT_S", 240.0)  # a failing test must not hang for 15 min
     batches = _spy_batches(monkeypatch)
     gpus = {"gpu1": 1, "gpu2": 2}
     names = {n.node_id: name for name, n in cluster.named.items()}

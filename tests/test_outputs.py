@@ -22,7 +22,7 @@ def _pixels(seed=0, size=32):
 @pytest.mark.parametrize("fmt", ["png", "webp", "jpeg"])
 def test_encoding_is_deterministic_per_format(fmt):
     from PIL import Image
-    from workers.decode_worker import encode_image
+    from ssdgen.workers.decode_worker import encode_image
     img = _pixels()
     a, b = encode_image(img, fmt, 80), encode_image(img, fmt, 80)
     assert a == b and a.startswith(MAGIC[fmt])  # a retried shard is byte-identical
@@ -34,7 +34,7 @@ def test_encoding_is_deterministic_per_format(fmt):
 
 
 def test_bad_format_or_quality_is_a_user_error():
-    from workers.decode_worker import check_image_format
+    from ssdgen.workers.decode_worker import check_image_format
     with pytest.raises(ValueError, match="--image-format"):
         check_image_format("gif", 90)
     with pytest.raises(ValueError, match="--quality"):
@@ -43,8 +43,8 @@ def test_bad_format_or_quality_is_a_user_error():
 
 def _shard(tmp_path, fmt="webp"):
     """One committed-style images.parquet written by the layout code: two ok images and one error row."""
-    from flows.layout import Output, shard_tables
-    from workers.decode_worker import encode_image
+    from ssdgen.flows.layout import Output, shard_tables
+    from ssdgen.workers.decode_worker import encode_image
     rows = [{"prompt_id": f"p{i}", "prompt": f"prompt {i}", "seed": i} for i in range(3)]
     samples = [{"image": encode_image(_pixels(i, 16 + 8 * i), fmt, 90), "width": 16 + 8 * i, "height": 16 + 8 * i,
                 "grid": [2, 2], "tokens": [1, 2, 3, 4], "stats": None, "status": "ok", "error": None,
@@ -83,8 +83,8 @@ def test_plain_readers_need_no_project_code(tmp_path):
 
 
 def test_image_format_and_quality_are_recorded_settings():
-    from flows.inputs import InputFile
-    from flows.pipeline import GenerateConfig
+    from ssdgen.flows.inputs import InputFile
+    from ssdgen.flows.pipeline import GenerateConfig
     files = [InputFile("file:///x.parquet", 3, (3,), 100, True, False)]
     png = GenerateConfig(prompts=("x",)).recorded(files)
     assert (png["image_format"], png["quality"]) == ("png", None)  # png ignores the quality: null, not 90
@@ -125,13 +125,13 @@ def test_cli_duplicate_ids_across_files_one_error_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.integration
 def test_cli_output_with_other_settings_one_error_line(tmp_path):
-    from flows.inputs import list_inputs, with_identities
-    from flows.layout import Output
-    from flows.pipeline import GenerateConfig
+    from ssdgen.flows.inputs import list_inputs, with_identities
+    from ssdgen.flows.layout import Output
+    from ssdgen.flows.pipeline import GenerateConfig
     src = tmp_path / "p.parquet"
     write_parquet(None, src, eval_rows(2))
     out = tmp_path / "run"
-    from decoders.spec import DecodeSpec
+    from ssdgen.decoders.spec import DecodeSpec
     old = GenerateConfig(prompts=(str(src),), image_format="webp", decoder=DecodeSpec.parse("ssd+csd")).recorded(
         with_identities(list_inputs([str(src)])))  # the CLI's default decoder, so only the image format differs
     Output(str(out)).write_config(old, replacing=False)  # an earlier run's settings: webp

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.usefixtures("prefect_server", "local_ray")
 @pytest.mark.slow
 def test_s3_run_with_killed_actors_and_failed_writes_commits_each_prompt_once_with_identical_images(s3,
                                                                                                    monkeypatch):
-    import flows.pipeline
-    from flows.layout import Output
-    monkeypatch.setattr(flows.pipeline, "ACTOR_RESTART_WAIT_S", 180)  # a restart that cannot happen fails fast
+    from ssdgen.flows import pipeline as flows_pipeline
+    from ssdgen.flows.layout import Output
+    monkeypatch.setattr(flows_pipeline, "ACTOR_RESTART_WAIT_S", 180)  # a restart that cannot happen fails fast
     rows = _prompts(256)
     _write(s3, "ssdgen-test/in/part-0.parquet", rows[:128])
     _write(s3, "ssdgen-test/in/part-1.parquet", rows[128:])
@@ -49,7 +49,7 @@ def test_s3_run_with_killed_actors_and_failed_writes_commits_each_prompt_once_wi
 
 
 def test_a_driver_killed_mid_run_then_rerun_runs_only_the_missing_shards(tmp_path):
-    from flows.layout import Output
+    from ssdgen.flows.layout import Output
     src = tmp_path / "prompts.parquet"
     rows = _prompts(24)
     _write(None, src, rows)
@@ -91,7 +91,7 @@ def test_bad_rows_become_error_rows_and_the_shard_commits(tmp_path):
 
 
 def test_input_errors_name_the_file_and_commit_nothing(tmp_path, s3):
-    from flows.inputs import InputError
+    from ssdgen.flows.inputs import InputError
     bad = tmp_path / "bad.parquet"
     _write(None, bad, [{"text": "a"}], pa.schema([("text", pa.string())]))
     with pytest.raises(InputError, match=r"bad\.parquet.*prompt"):
@@ -109,7 +109,7 @@ def test_input_errors_name_the_file_and_commit_nothing(tmp_path, s3):
 def test_bad_credentials_get_a_clear_error_without_the_secret(s3, tmp_path, monkeypatch):
     import moto.settings
     import s3fs
-    from flows.inputs import InputError
+    from ssdgen.flows.inputs import InputError
     _write(s3, "ssdgen-test/in/p.parquet", _prompts(2))
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-4c1b9")
     monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # moto now checks signatures
@@ -150,7 +150,7 @@ def _artifact_texts() -> list[bytes]:
 
 
 def test_resume_with_other_settings_is_refused(tmp_path):
-    from flows.layout import ConfigMismatch
+    from ssdgen.flows.layout import ConfigMismatch
     src = tmp_path / "p.parquet"
     _write(None, src, _prompts(2))
     _run(prompts=[str(src)], out=str(tmp_path / "run"), shard_size=2, batch_size=2, actors=1)
@@ -180,7 +180,7 @@ def test_output_reads_with_pandas_polars_duckdb_and_ray_data(tmp_path):
 
 
 def test_status_reports_done_pending_and_cost(tmp_path):
-    from flows.pipeline import run_status
+    from ssdgen.flows.pipeline import run_status
     src = tmp_path / "p.parquet"
     _write(None, src, _prompts(4))
     out = str(tmp_path / "run")
@@ -195,7 +195,7 @@ def test_a_calibrated_decoder_decides_once_and_a_rerun_replays_the_plan(tmp_path
     records it; a shard lost and rerun on fresh actors decodes by the recorded plan to the same tokens, and a
     plan put there by hand is what decodes (no second calibration)."""
     import fsspec
-    from flows.layout import Output
+    from ssdgen.flows.layout import Output
     src, out = tmp_path / "p.parquet", tmp_path / "run"
     _write(None, src, _prompts(8))
     kw = dict(prompts=[str(src)], out=str(out), decoder="ssd+csd", shard_size=4, batch_size=4, actors=1)

@@ -10,11 +10,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from decoders import decode  # noqa: E402
-from decoders.sampling import SamplingConfig, processed_probs  # noqa: E402
-from decoders.ssd import SSDConfig, decode_ssd  # noqa: E402
-from decoders.ssd_train import DistillConfig, draft_acceptance, train_heads  # noqa: E402
-from models.registry import load_model, resolve_dtype  # noqa: E402
+from ssdgen.decoders import decode  # noqa: E402
+from ssdgen.decoders.sampling import SamplingConfig, processed_probs  # noqa: E402
+from ssdgen.decoders.ssd import SSDConfig, decode_ssd  # noqa: E402
+from ssdgen.decoders.ssd_train import DistillConfig, draft_acceptance, train_heads  # noqa: E402
+from ssdgen.models.registry import load_model, resolve_dtype  # noqa: E402
 from test_decoders import PROMPTS  # noqa: E402
 from tiny import tiny_with_heads  # noqa: E402
 
@@ -42,8 +42,8 @@ def test_fp16_on_the_cpu_and_unknown_names_are_refused_in_one_line():
 
 
 def test_the_flow_checks_records_and_hands_its_dtype_to_the_actors():
-    from flows.inputs import InputFile
-    from flows.pipeline import GenerateConfig
+    from ssdgen.flows.inputs import InputFile
+    from ssdgen.flows.pipeline import GenerateConfig
     with pytest.raises(ValueError, match="fp16 is not supported on the CPU"):
         GenerateConfig(prompts=("x",), dtype="fp16").validate()
     GenerateConfig(prompts=("x",), dtype="fp16", gpus_per_actor=1, device_type="l4").validate()
@@ -78,8 +78,8 @@ def test_the_processed_distribution_is_fp32_for_bf16_logits():
     ("ssd", {"lossless": True, "rows": 2}), ("ssd+csd", {"calibrated": False}),
 ])
 def test_every_decoder_runs_on_a_bf16_model_and_verifies_in_fp32(bf16, monkeypatch, name, params):
-    import decoders.sjd
-    import decoders.ssd
+    from ssdgen.decoders import sjd as sjd_mod
+    from ssdgen.decoders import ssd as ssd_mod
     seen = []
 
     def spy(real):
@@ -87,8 +87,8 @@ def test_every_decoder_runs_on_a_bf16_model_and_verifies_in_fp32(bf16, monkeypat
             seen.append((p.dtype, q.dtype))
             return real(draft, p, q, *args, **kwargs)
         return wrapped
-    monkeypatch.setattr(decoders.sjd, "verify", spy(decoders.sjd.verify))
-    monkeypatch.setattr(decoders.ssd, "verify_all", spy(decoders.ssd.verify_all))
+    monkeypatch.setattr(sjd_mod, "verify", spy(sjd_mod.verify))
+    monkeypatch.setattr(ssd_mod, "verify_all", spy(ssd_mod.verify_all))
     res = decode(name, bf16, PROMPTS, [0, 1, 2, 3], FILTERED, params)
     assert res.tokens.shape == (4, 16) and int(res.tokens.max()) < bf16.n_codes
     assert set(seen) <= {(torch.float32, torch.float32)} and (name == "ar" or seen)

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from decoders import decode
-from decoders.sampling import SamplingConfig
-from reference.prompts import eval_prompts
+from ssdgen.decoders import decode
+from ssdgen.decoders.sampling import SamplingConfig
+from ssdgen.reference.prompts import eval_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -51,8 +51,8 @@ def test_greedy_speculative_equals_greedy_ar_on_the_reference_model(ref_model, n
 
 
 def test_scorer_is_trustworthy(ref_model):
-    from reference.scorer import load_scorer
-    from reference.validate_scorer import validate
+    from ssdgen.reference.scorer import load_scorer
+    from ssdgen.reference.validate_scorer import validate
     res = validate(load_scorer(), ref_model.vq, n=1024, seed=0)  # the README's `ssdgen dev eval-scorer` figure
     assert res["renders"]["scene_accuracy"] >= 0.98
     assert res["reconstructions"]["scene_accuracy"] >= 0.95
@@ -60,9 +60,9 @@ def test_scorer_is_trustworthy(ref_model):
 
 
 def test_fd_is_deterministic_and_separates_real_from_shuffled():
-    from reference.evaluate import real_images
-    from reference.fd import frechet_distance
-    from reference.scorer import load_scorer, predict
+    from ssdgen.reference.evaluate import real_images
+    from ssdgen.reference.fd import frechet_distance
+    from ssdgen.reference.scorer import load_scorer, predict
     rows = eval_prompts(300)
     prompts = [r["prompt"] for r in rows]
     net = load_scorer()

@@ -32,8 +32,8 @@ SCHEMA = pa.schema([("prompt_id", pa.string()), ("prompt", pa.string()), ("seed"
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, prefect_server):
     import ray
-    from flows.pipeline import generate
-    from reference.prompts import eval_prompts
+    from ssdgen.flows.pipeline import generate
+    from ssdgen.reference.prompts import eval_prompts
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, object_store_memory=256 * 2**20, include_dashboard=False,
                  log_to_driver=False)  # a new local Ray, even if another cluster runs on this machine
@@ -47,7 +47,7 @@ def run(tmp_path_factory, prefect_server):
                  progress=False)
     assert s["images_ok"] == 5 and s["images_failed"] == 1 and s["shards_committed"] == 2
     html = d / "report.html"
-    from bench.report import write_report
+    from ssdgen.bench.report import write_report
     info = write_report(out, html)
     return {"out": out, "html": html, "text": html.read_text(encoding="utf-8"), "info": info}
 
@@ -72,7 +72,7 @@ def test_report_is_standalone_and_has_every_section(run):
 
 @pytest.mark.integration
 def test_no_committed_shards_is_a_clear_error(tmp_path):
-    from bench.report import write_report
+    from ssdgen.bench.report import write_report
     with pytest.raises(FileNotFoundError, match="no committed shards"):
         write_report(str(tmp_path), tmp_path / "r.html")
     r = subprocess.run([sys.executable, "-m", "ssdgen.cli", "report", str(tmp_path / "nothing"), "--html",
@@ -93,7 +93,7 @@ def test_heatmaps_show_each_samples_commit_map(run):
     pair, averaged per token, is the colour of that token's commit kind. (This used to compare a flat
     background with a detailed object; on the reference model v2 the default csd speculates alike on both,
     so the rendering is checked against the statistics themselves.)"""
-    from bench.report import commit_colours, load_run
+    from ssdgen.bench.report import commit_colours, load_run
     stats = {r["prompt_id"]: r for r in load_run(run["out"])["stats"]}
     alpha, scale = 0.55, 3
     for pid in FLAT_SEEDS:
@@ -112,7 +112,7 @@ def test_heatmaps_show_each_samples_commit_map(run):
 
 def test_report_reads_a_run_on_s3(run, s3, tmp_path):
     """The same committed run copied to (moto's) S3: the report reads it through fsspec alone."""
-    from bench.report import write_report
+    from ssdgen.bench.report import write_report
     s3.put(run["out"] + "/", "ssdgen-test/run/", recursive=True)
     info = write_report("s3://ssdgen-test/run", tmp_path / "r.html")
     assert info == {"shards": 2, "images_ok": 5, "images_failed": 1}
@@ -122,7 +122,7 @@ def test_report_reads_a_run_on_s3(run, s3, tmp_path):
 def test_the_report_says_what_a_calibrated_decoders_plan_decided(run, tmp_path):
     import json
     import shutil
-    from bench.report import write_report
+    from ssdgen.bench.report import write_report
     out = tmp_path / "run"
     shutil.copytree(run["out"], out)
     (out / "_plan.json").write_text(json.dumps({"rows": 0, "batch": 16, "measured": {"0": 3.9, "1": 2.4}}))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency, chisquare, kstest
 
-from decoders import rng
+from ssdgen.decoders import rng
 
 MASK = (1 << 64) - 1
 

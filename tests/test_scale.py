@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flows.inputs import InputFile, list_inputs
-from flows.plan import RowGroupCache, ShardPlan, plan_shards, read_shard
+from ssdgen.flows.inputs import InputFile, list_inputs
+from ssdgen.flows.plan import RowGroupCache, ShardPlan, plan_shards, read_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ def test_row_group_cache_reads_the_same_rows_and_stays_bounded(tmp_path):
 
 
 def _commit(out, shard: int, attempts: int = 1) -> None:
-    from flows.layout import shard_tables
+    from ssdgen.flows.layout import shard_tables
     rows = [{"prompt_id": f"s{shard}", "prompt": "x", "seed": 1}]
     sample = {"image": None, "width": None, "height": None, "grid": None, "tokens": None, "stats": None,
               "status": "ok", "error": None, "latency_s": 0.1}
@@ -66,8 +66,8 @@ def _commit(out, shard: int, attempts: int = 1) -> None:
 
 
 def test_markers_stream_into_ids_summary_manifest_and_gc(tmp_path):
-    from flows.cost import price_for, run_summary
-    from flows.layout import Output
+    from ssdgen.flows.cost import price_for, run_summary
+    from ssdgen.flows.layout import Output
     out = Output(str(tmp_path / "run"))
     for s in (0, 2, 3, 11):
         _commit(out, s, attempts=2 if s == 3 else 1)
@@ -85,7 +85,7 @@ def test_markers_stream_into_ids_summary_manifest_and_gc(tmp_path):
 
 
 def test_group_ranges_cover_each_pending_shard_once():
-    from flows.groups import group_ranges
+    from ssdgen.flows.groups import group_ranges
     rng = random.Random(1)
     for _ in range(100):
         done = bytearray(rng.random() < 0.4 for _ in range(rng.randint(0, 60)))
@@ -98,7 +98,7 @@ def test_group_ranges_cover_each_pending_shard_once():
 
 
 def test_a_group_raises_the_worst_error_of_its_shards():
-    from flows.dispatch import Ticket
+    from ssdgen.flows.dispatch import Ticket
     for errors, expected in [([OSError("put"), ValueError("bad")], ValueError), ([OSError("put")], OSError),
                              ([ValueError("y"), OSError("put")], ValueError), ([], None)]:
         t = Ticket()
@@ -137,7 +137,7 @@ def test_driver_memory_stays_flat_over_2000_shards(tmp_path):
 
 
 def _write_prompts(path: Path, n: int) -> list[str]:
-    from reference.prompts import eval_prompts
+    from ssdgen.reference.prompts import eval_prompts
     caps = [r["prompt"] for r in eval_prompts()]
     ids = [f"p{i:06d}" for i in range(n)]
     pq.write_table(pa.table({"prompt_id": ids, "prompt": [caps[i % len(caps)] for i in range(n)]}), path)
@@ -157,7 +157,7 @@ def test_a_driver_killed_mid_run_then_rerun_commits_every_prompt_once(tmp_path):
     import prefect.settings
     import ray
     from pipeline_helpers import run_flow
-    from reference.tiny import tiny_model
+    from ssdgen.reference.tiny import tiny_model
     tiny_model(tmp_path / "tiny")
     src, out = tmp_path / "p.parquet", tmp_path / "run"
     ids = _write_prompts(src, 10_000)

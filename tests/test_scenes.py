@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from reference import captions as cap
-from reference.prompts import eval_captions, eval_prompts, make_eval_set, load_jsonl, EVAL_PATH
-from reference.scenes import BACKGROUNDS, SMOOTH_BACKGROUNDS, render, sample_scene
+from ssdgen.reference import captions as cap
+from ssdgen.reference.prompts import eval_captions, eval_prompts, make_eval_set, load_jsonl, EVAL_PATH
+from ssdgen.reference.scenes import BACKGROUNDS, SMOOTH_BACKGROUNDS, render, sample_scene
 
 
 def test_render_is_deterministic_from_the_seed():
@@ -60,7 +60,7 @@ def test_eval_set_is_fixed_balanced_and_versioned():
 
 
 def test_training_scenes_hold_out_eval_captions():
-    from reference.train_data import _render_chunk
+    from ssdgen.reference.train_data import _render_chunk
     held = eval_captions()
     _, _, caps = _render_chunk((123, 0, 300))
     assert not held & set(caps)
@@ -69,7 +69,7 @@ def test_training_scenes_hold_out_eval_captions():
 def test_object_colour_finds_the_rendered_objects_tokens():
     # the commit-map regions (reference/commit_maps.py) detect objects by colour; check it on renders whose
     # object coverage is known: token-level precision and recall against patches with >= 2 covered pixels
-    from reference.commit_maps import object_tokens
+    from ssdgen.reference.commit_maps import object_tokens
     rng = np.random.default_rng(11)
     hit = pred = true = 0
     for _ in range(200):

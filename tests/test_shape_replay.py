@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from decoders.spec import DecodeSpec
-from bench.decode import bench
-from bench.shape_replay import main
+from ssdgen.decoders.spec import DecodeSpec
+from ssdgen.bench.decode import bench
+from ssdgen.bench.shape_replay import main
 from tiny import tiny_model, tiny_with_heads
 
 ROOT = Path(__file__).resolve().parents[1]

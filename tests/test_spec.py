@@ -5,9 +5,9 @@ from dataclasses import fields
 
 import pytest
 
-from decoders import FAMILIES, run
-from decoders.sampling import SamplingConfig
-from decoders.spec import DecodeSpec, common_sampling
+from ssdgen.decoders import FAMILIES, run
+from ssdgen.decoders.sampling import SamplingConfig
+from ssdgen.decoders.spec import DecodeSpec, common_sampling
 
 
 def test_parse_canonical_text_and_round_trips():
@@ -47,7 +47,7 @@ def test_bad_specs_name_the_problem(text, message):
 
 def _field_kinds(family: str) -> dict[str, str]:
     """Each parameter of a family -> its config field's declared type name."""
-    from decoders.configs import Relaxation, SJDConfig, SSDConfig
+    from ssdgen.decoders.configs import Relaxation, SJDConfig, SSDConfig
     cls = SSDConfig if FAMILIES[family].engine == "ssd" else SJDConfig
     kinds = {f.name: str(f.type) for c in (cls, Relaxation) for f in fields(c)}
     return {k: kinds[k] for k in FAMILIES[family].params}
@@ -83,7 +83,7 @@ def test_wrong_kinds_are_one_line_naming_spec_key_type_and_value(text, message):
 
 
 def test_python_callers_and_typed_configs_get_the_same_checks():
-    from decoders.configs import Relaxation, SJDConfig, SSDConfig
+    from ssdgen.decoders.configs import Relaxation, SJDConfig, SSDConfig
     with pytest.raises(ValueError, match=r"decoder spec 'csd:lam=abc': lam must be a number, got 'abc'"):
         DecodeSpec.of("csd", {"lam": "abc"})
     for make, message in [(lambda: Relaxation(lam="abc"), "lam must be a number"),

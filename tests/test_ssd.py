@@ -4,11 +4,11 @@ and the self-distillation trainer."""
 import pytest
 import torch
 
-from decoders import decode, decoder_config
-from decoders.stats import COMMIT_BONUS
-from decoders.ssd import BUDGET_FULL
-from decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
-from decoders.ssd_train import DistillConfig, train_heads
+from ssdgen.decoders import decode, decoder_config
+from ssdgen.decoders.stats import COMMIT_BONUS
+from ssdgen.decoders.ssd import BUDGET_FULL
+from ssdgen.decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
+from ssdgen.decoders.ssd_train import DistillConfig, train_heads
 from test_decoders import GREEDY, POSITIONS, PROMPTS, SAMPLED, _same_distribution
 from tiny import tiny_with_heads
 
@@ -40,7 +40,7 @@ def test_lossless_ssd_samples_the_ar_distribution(tiny):
 
 @pytest.mark.slow
 def test_the_same_test_catches_a_broken_rule_in_lossless_ssd(tiny, monkeypatch):
-    import decoders.sjd as sjd_mod
+    import ssdgen.decoders.sjd as sjd_mod
     from test_decoders import _resample_from_q
     from test_decoders import _sample as sample_
     ar = sample_(tiny, "ar", {}, offset=0)
@@ -111,7 +111,7 @@ def test_self_distillation_reduces_the_heads_loss(tiny):
                                                                      batch=256), log=lambda *a: None)
     assert info["params"] > 0 and heads.cfg.model == model_fingerprint(tiny)
     # trained latent heads draft the model's own next token more often than identity heads
-    from decoders.ssd_train import collect
+    from ssdgen.decoders.ssd_train import collect
     data = collect(tiny, PROMPTS, SAMPLED, DistillConfig(sample_batch=4, seed=5))
     h, e = data["h"], data["e"]
     fresh = SpatialHeads(heads.cfg)
@@ -124,7 +124,7 @@ def test_self_distillation_reduces_the_heads_loss(tiny):
     with torch.no_grad():
         assert agree(heads) > agree(fresh)
         # the acceptance measure (ssdgen eval-heads) agrees: trained heads draft better than identity heads
-        from decoders.ssd_train import draft_acceptance
+        from ssdgen.decoders.ssd_train import draft_acceptance
         trained = draft_acceptance(tiny, heads, PROMPTS, [0, 1, 2, 3], SAMPLED)
         identity = draft_acceptance(tiny, fresh, PROMPTS, [0, 1, 2, 3], SAMPLED)
         assert identity["vertical"] < trained["vertical"]

@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from reference.gpt import GPT, GPTConfig
-from reference.train import TrainConfig, train_reference
-from reference.train_gpt import GPTTrainConfig
-from reference.vqvae import VQConfig
+from ssdgen.reference.gpt import GPT, GPTConfig
+from ssdgen.reference.train import TrainConfig, train_reference
+from ssdgen.reference.train_gpt import GPTTrainConfig
+from ssdgen.reference.vqvae import VQConfig
 
 TINY = TrainConfig(n_images=48, vq_steps=3, vq_batch=8, curve_prompts=0, vq=VQConfig(codebook_size=16, code_dim=4,
                                                                                        ch=(8, 8, 8)),

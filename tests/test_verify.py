@@ -2,8 +2,8 @@
 
 import json
 
-from flows.layout import Output
-from flows.verify import damaged_shards
+from ssdgen.flows.layout import Output
+from ssdgen.flows.verify import damaged_shards
 
 
 def _commit(out: Output, shard: int, data: bytes) -> dict:

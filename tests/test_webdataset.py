@@ -14,8 +14,8 @@ from pipeline_helpers import eval_rows, run_flow, write_parquet
 
 def _tables(shard, n=3, fmt="webp", failed=(2,)):
     """A shard's images and stats tables as the flow builds them: n prompts, the ones in `failed` error rows."""
-    from flows.layout import shard_tables
-    from workers.decode_worker import encode_image
+    from ssdgen.flows.layout import shard_tables
+    from ssdgen.workers.decode_worker import encode_image
     rows = [{"prompt_id": f"s{shard}-p{i}", "prompt": f"prompt {shard}.{i}", "seed": i} for i in range(n)]
     pixels = np.random.default_rng(shard).integers(0, 256, (16, 16, 3), dtype=np.uint8)
     stats = {"forwards": 7, "acceptance_rate": 0.5, "tokens_per_forward": 2.0, "tokens_per_forward_hist": [1, 2],
@@ -34,7 +34,7 @@ def _members(data):
 
 
 def test_shard_tar_follows_img2dataset_conventions():
-    from flows.webdataset_shards import index_digits, shard_tar
+    from ssdgen.flows.webdataset_shards import index_digits, shard_tar
     images, stats = _tables(3, fmt="jpeg")
     data, n = shard_tar(3, images, stats)
     files = _members(data)
@@ -49,7 +49,7 @@ def test_shard_tar_follows_img2dataset_conventions():
 
 
 def _commit(out, shard, fmt="both", attempt=None):
-    from flows.webdataset_shards import shard_files
+    from ssdgen.flows.webdataset_shards import shard_files
     images, stats = _tables(shard)
     attempt = attempt or out.new_attempt(shard)
     files = shard_files(out, attempt, shard, images, stats, fmt, shard_size=4)
@@ -61,13 +61,13 @@ def _commit(out, shard, fmt="both", attempt=None):
 def _run_dir(tmp_path):
     """A run where shard 0 committed, a retry of shard 0 died mid-write (half a tar, no marker) and shard 1 was
     written but never committed (the driver died before its marker)."""
-    from flows.layout import Output
+    from ssdgen.flows.layout import Output
     out = Output(str(tmp_path / "run"))
     out.write_config({"shard_size": 4}, replacing=False)
     committed = _commit(out, 0)
     losing = out.new_attempt(0)
     out.write_bytes(f"{losing}/00000.tar", b"half a tar", 1)
-    from flows.webdataset_shards import shard_files
+    from ssdgen.flows.webdataset_shards import shard_files
     shard_files(out, out.new_attempt(1), 1, *_tables(1), "both", 4)
     return out, committed
 
@@ -99,8 +99,8 @@ def test_an_uncommitted_or_interrupted_tar_is_never_read(tmp_path):
 
 def test_webdataset_alone_and_export_of_a_parquet_run(tmp_path):
     import ssdgen
-    from flows.layout import Output
-    from flows.webdataset_shards import shard_tar
+    from ssdgen.flows.layout import Output
+    from ssdgen.flows.webdataset_shards import shard_tar
     wds_only = Output(str(tmp_path / "w"))
     wds_only.write_config({"shard_size": 4}, replacing=False)
     a = _commit(wds_only, 0, fmt="webdataset")
@@ -116,8 +116,8 @@ def test_webdataset_alone_and_export_of_a_parquet_run(tmp_path):
 
 
 def test_report_reads_the_images_of_a_webdataset_only_run(tmp_path):
-    from bench.report import load_run
-    from flows.layout import Output
+    from ssdgen.bench.report import load_run
+    from ssdgen.flows.layout import Output
     out = Output(str(tmp_path / "w"))
     out.write_config({"shard_size": 4}, replacing=False)
     _commit(out, 0, fmt="webdataset")
@@ -129,8 +129,8 @@ def test_report_reads_the_images_of_a_webdataset_only_run(tmp_path):
 
 
 def test_format_is_validated_and_recorded():
-    from flows.inputs import InputFile
-    from flows.pipeline import GenerateConfig
+    from ssdgen.flows.inputs import InputFile
+    from ssdgen.flows.pipeline import GenerateConfig
     with pytest.raises(ValueError, match="--format must be one of parquet, webdataset, both"):
         GenerateConfig(prompts=("x",), format="zip").validate()
     files = [InputFile("file:///x.parquet", 3, (3,), 100, True, False)]

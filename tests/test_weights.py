@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from reference.gpt import GPT, GPTConfig
-from reference.scenes import render, sample_scene
-from reference.vqvae import VQVAE, VQConfig
-from reference.weights import BundleError, load_bundle, save_bundle
+from ssdgen.reference.gpt import GPT, GPTConfig
+from ssdgen.reference.scenes import render, sample_scene
+from ssdgen.reference.vqvae import VQVAE, VQConfig
+from ssdgen.reference.weights import BundleError, load_bundle, save_bundle
 
 TINY_GPT = GPTConfig(dim=32, n_layers=1, n_heads=2, mlp_hidden=48)
 TINY_VQ = VQConfig(ch=(8, 8, 8), codebook_size=16, code_dim=4)

@@ -1,6 +1,6 @@
 """Re-export for the tests: the tiny random model lives in reference/tiny.py (the scaling benchmark uses it too)."""
 
-from reference.tiny import tiny_model  # noqa: F401
+from ssdgen.reference.tiny import tiny_model  # noqa: F401
 
 
 def tiny_with_heads(path, seed: int = 1, dtype=None):
@@ -9,8 +9,8 @@ def tiny_with_heads(path, seed: int = 1, dtype=None):
     for tests whose expected values must not depend on the CPU's fp32 kernels (test_engine_golden.py). The
     heads stay fp32 whatever it is, as in production (decoders/ssd_heads.py)."""
     import torch
-    from decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
-    from models.reference import ReferenceModel
+    from ssdgen.decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
+    from ssdgen.reference.model import ReferenceModel
     m = tiny_model(path, scale=0.2)
     torch.manual_seed(seed)
     heads = SpatialHeads(HeadsConfig(dim=m.hidden_dim, emb_dim=m.hidden_dim, n_codes=m.n_codes, grid=m.grid,

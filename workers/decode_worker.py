@@ -77,9 +77,9 @@ class DecodeWorker:
                 self.device = "cuda"  # Ray sets CUDA_VISIBLE_DEVICES to the GPUs it assigned this actor
         except ImportError:
             pass
-        from decoders import load_heads
-        from decoders.spec import DecodeSpec
-        from models.registry import load_model
+        from ssdgen.decoders import load_heads
+        from ssdgen.decoders.spec import DecodeSpec
+        from ssdgen.models.registry import load_model
         self.decoding = DecodeSpec.from_dict(self.spec.decode)  # a config error fails here, before the long load
         self.model = load_model(self.spec.model, device=self.device, dtype=self.spec.dtype)
         if self.decoding.family.startswith("ssd"):
@@ -108,7 +108,7 @@ class DecodeWorker:
             torch.cuda.synchronize()
 
     def _decode(self, prompts: list[str], seeds: list[int]):
-        from decoders import run
+        from ssdgen.decoders import run
         res = run(self.decoding, self.model, prompts, seeds)
         images = self.model.decode_images(res.tokens).numpy()
         return res.tokens.cpu().numpy(), images, res.stats
@@ -117,7 +117,7 @@ class DecodeWorker:
         """A calibrated spec's plan at `batch` on this actor's device, timed on the rows' prompts
         (decoders/calibrate.py), and installed here; the flow records it and sends it with every batch. Its time
         is a one-time cost like the model load, and is charged with it (`take_load_seconds`)."""
-        from decoders import calibrate_spec
+        from ssdgen.decoders import calibrate_spec
         t0 = time.perf_counter()
         good = [r for r in rows if not r.get("error") and self._valid(r["prompt"])]
         if not good:
@@ -140,7 +140,7 @@ class DecodeWorker:
         """Decode by the run's plan: the same on every actor, a restarted one and a retry, so a sample's tokens
         depend on its seed only (without it, a calibrated spec would calibrate on its first batch here)."""
         if plan is not None and plan != self.plan:
-            from decoders import install_spec_plan
+            from ssdgen.decoders import install_spec_plan
             install_spec_plan(self.decoding, self.model, plan)
             self.plan = plan
 
@@ -191,8 +191,8 @@ class DecodeWorker:
         if not todo:
             return [], 0.0
         import torch
-        from decoders import decode
-        from decoders.fidelity import target_nll
+        from ssdgen.decoders import decode
+        from ssdgen.decoders.fidelity import target_nll
         t0 = time.perf_counter()
         prompts = [r["prompt"] for r in todo]
         tokens = torch.tensor([out[r["prompt_id"]]["tokens"] for r in todo], dtype=torch.long)

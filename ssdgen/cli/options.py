@@ -1,6 +1,6 @@
 """What every `ssdgen` command shares: user errors as one line, the decode-spec and model options, and the
-edge where their text is parsed into typed configs (the commands live in ssdgen/commands.py,
-bench/commands.py and reference/commands.py; ssdgen/cli.py puts them on one app).
+edge where their text is parsed into typed configs (the commands live in run.py, decode.py, dev.py and catalog.py;
+app.py puts them on one app).
 
 Errors users can cause (bad captions, bad parameters, missing files) print one clear line and exit 2;
 they never end in a raw stack trace.
@@ -25,7 +25,7 @@ def friendly(fn):
     its `interrupted: ...` line and exit code 128 + the signal (flows/interrupts.py)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from flows.interrupts import Interrupted
+        from ssdgen.flows.interrupts import Interrupted
         try:
             return fn(*args, **kwargs)
         except typer.Exit:  # click's Exit is a RuntimeError: a command's own exit code passes through
@@ -117,13 +117,13 @@ def _stop_prefect_server() -> None:
 
 
 def sampling_of(cfg: float, temperature: float, top_k: int, top_p: float):
-    from decoders.sampling import SamplingConfig
+    from ssdgen.decoders.sampling import SamplingConfig
     return SamplingConfig(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p)
 
 
 def spec_of(text: str):
     """The one place a decode spec is parsed (decoders/spec.py); errors name the spec and the key."""
-    from decoders.spec import DecodeSpec
+    from ssdgen.decoders.spec import DecodeSpec
     return DecodeSpec.parse(text)
 
 
@@ -161,5 +161,5 @@ DTYPE = typer.Option("auto", "--dtype", help="model precision: fp32, bf16, fp16 
 
 def model_on(model: Optional[str], device: str = "cpu", dtype: str = "auto"):
     """The one loader of every command that loads a model (--model, --device, --dtype: models/registry.py)."""
-    from models.registry import load_model
+    from ssdgen.models.registry import load_model
     return load_model(model, device=device, dtype=dtype)

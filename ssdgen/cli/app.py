@@ -1,11 +1,10 @@
-"""The `ssdgen` command line: one Typer app holding the pipeline's commands (ssdgen/commands.py), the
-measuring ones (bench/commands.py), the reference model's (reference/commands.py) and the listings of what a
-spec can name (ssdgen/catalog.py). Arguments are parsed at that edge into typed configs; errors users can cause
-print one clear line and exit 2 (ssdgen/options.py).
+"""The `ssdgen` command line: one Typer app holding the run commands (run.py), the decode and measure commands
+(decode.py), the maintainers' (dev.py) and the listings of what a spec can name (catalog.py). Arguments are parsed
+at that edge into typed configs; errors users can cause print one clear line and exit 2 (options.py).
 
-The commands are defined where their package is; this module decides how `ssdgen --help` shows them: users'
-commands first, in the "Run" and "Decode and measure" panels, and the maintainers' (training the reference
-model, its scorer, the docs' figures, the pipeline benchmarks) under `ssdgen dev`.
+This module decides how `ssdgen --help` shows them: users' commands first, in the "Run" and "Decode and measure"
+panels, and the maintainers' (training the reference model, its scorer, the docs' figures, the pipeline
+benchmarks) under `ssdgen dev`.
 """
 
 from __future__ import annotations
@@ -16,10 +15,7 @@ import sys
 
 import typer
 
-from bench import commands as bench_commands
-from reference import commands as reference_commands
-from ssdgen import catalog
-from ssdgen import commands as run_commands
+from ssdgen.cli import catalog, decode as decode_commands, dev as dev_commands, run as run_commands
 
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
 # panel -> its commands, in the order `ssdgen --help` lists them; DEV's go under `ssdgen dev`
@@ -86,7 +82,7 @@ def _root(version: bool = typer.Option(False, "--version", is_eager=True, callba
     """The app's own options (the help text is the Typer app's)."""
 
 
-_place([i for group in (run_commands, bench_commands, reference_commands, catalog)
+_place([i for group in (run_commands, decode_commands, dev_commands, catalog)
         for i in group.app.registered_commands])
 app.add_typer(dev, name="dev", rich_help_panel=DEV_PANEL)
 

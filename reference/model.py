@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from decoders.protocol import StepOutput
+from ssdgen.decoders.protocol import StepOutput
 
-from reference import captions as cap
-from reference.weights import load_bundle
+from ssdgen.reference import captions as cap
+from ssdgen.reference.weights import load_bundle
 
 
 class ReferenceModel:

@@ -35,7 +35,7 @@ def _text(v) -> str:
 def family_params(name: str) -> list[tuple[str, str]]:
     """(parameter, default) of a family, its defaults applied as `decoder_config` applies them; a str field
     with fixed choices shows them."""
-    from decoders.configs import CHOICES, FAMILIES, decoder_config
+    from ssdgen.decoders.configs import CHOICES, FAMILIES, decoder_config
     cfg = decoder_config(name)
     if cfg is None:
         return []
@@ -48,8 +48,8 @@ def family_params(name: str) -> list[tuple[str, str]]:
 @app.command("decoders")
 def decoders_cmd():
     """The decoder families of a decode spec (--decoder family[:key=value]...), their parameters and defaults."""
-    from decoders.configs import FAMILIES, SamplingConfig
-    from decoders.spec import SAMPLING_KEYS
+    from ssdgen.decoders.configs import FAMILIES, SamplingConfig
+    from ssdgen.decoders.spec import SAMPLING_KEYS
     for name, fam in FAMILIES.items():
         how = ENGINES[fam.engine] + (", with CSD's relaxed acceptance" if fam.relaxed else "")
         typer.echo(f"{name}: {fam.engine} engine, {how}")
@@ -65,7 +65,7 @@ def decoders_cmd():
 @app.command("models")
 def models_cmd():
     """The model kinds --model names, their spec syntax and options, and the precisions --dtype takes."""
-    from models.registry import DTYPES, OPTIONS
+    from ssdgen.models.registry import DTYPES, OPTIONS
     for kind, opts in OPTIONS.items():
         path = "[:/path/to/bundle]" if kind == "reference" else ":/path/to/checkpoint"
         extra = "[" + "|".join(f":{OPTION_SYNTAX[o]}" for o in opts) + "]" if opts else ""

@@ -30,8 +30,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from flows.layout import IMAGES_SCHEMA, MANIFEST, MANIFEST_SCHEMA, STATS_SCHEMA, Output, manifest_row
-from flows.webdataset_shards import index_digits, shard_tar
+from ssdgen.flows.layout import IMAGES_SCHEMA, MANIFEST, MANIFEST_SCHEMA, STATS_SCHEMA, Output, manifest_row
+from ssdgen.flows.webdataset_shards import index_digits, shard_tar
 
 EXPORT_FORMATS = ("parquet", "webdataset")
 CHUNK = 8 * 2**20  # bytes per read while copying a file

@@ -1,4 +1,4 @@
-"""The pipeline's commands: sample, generate, serve, status, verify, export, demo and report."""
+"""Run commands: generate, serve, status, verify, export, report and demo (README.md, docs/pipeline.md)."""
 
 from __future__ import annotations
 
@@ -7,38 +7,10 @@ from typing import Optional
 
 import typer
 
-from ssdgen.options import (AUDIT, AUDIT_TOL, DECODER, DEVICE, DTYPE, FORMAT, IMAGE_FORMAT, MODEL, QUALITY,
-                            RUN_DECODER, flow_console, friendly, model_on, spec_of)
+from ssdgen.cli.options import (AUDIT, AUDIT_TOL, DTYPE, FORMAT, IMAGE_FORMAT, MODEL, QUALITY, RUN_DECODER,
+                                flow_console, friendly, spec_of)
 
 app = typer.Typer()
-
-
-@app.command()
-@friendly
-def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for several"),
-           n: int = typer.Option(4, help="images per prompt"),
-           out: Path = typer.Option(Path("grid.png"), help="the grid PNG to write"),
-           seed: int = typer.Option(0, help="seed of the first image; the others count up from it"),
-           decoder: str = DECODER, model: Optional[str] = MODEL, device: str = DEVICE, dtype: str = DTYPE):
-    """Sample images for prompts and save them as one grid PNG (a row per prompt)."""
-    import numpy as np
-    from PIL import Image
-    from decoders import run
-    if n < 1:
-        raise ValueError(f"--n must be >= 1, got {n}")
-    spec = spec_of(decoder)
-    m = model_on(model, device, dtype)
-    prompts = [p for p in prompt for _ in range(n)]
-    seeds = [seed + i for i in range(len(prompts))]
-    m.validate_prompts(prompts)
-    res = run(spec, m, prompts, seeds)
-    imgs = m.decode_images(res.tokens).numpy()
-    rows = [np.concatenate(list(imgs[i * n:(i + 1) * n]), axis=1) for i in range(len(prompt))]
-    Image.fromarray(np.concatenate(rows, axis=0)).save(out)
-    fwd = np.mean([s.forwards for s in res.stats])
-    typer.echo(f"wrote {out} ({len(prompts)} images, {decoder}, {fwd:.1f} forwards per image)")
-    if (why := res.stats[0].ar_fallback) is not None:  # a fall-back is reported, never silent
-        typer.echo(f"note: {decoder} decoded this batch as plain AR ({why})")
 
 
 @app.command()
@@ -63,7 +35,7 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
              overwrite: bool = typer.Option(False, help="delete what --out holds first (the command says what)"),
              progress: bool = typer.Option(True, help="show a progress bar")):
     """Generate images for Parquet prompts with a Prefect flow on Ray actors; resumable (run it again)."""
-    from flows.settings import GenerateConfig
+    from ssdgen.flows.settings import GenerateConfig
     cfg = GenerateConfig(prompts=tuple(prompts), out=out, model=model or "reference", decoder=spec_of(decoder),
                          seed=seed, shard_size=shard_size, batch_size=batch_size, actors=actors,
                          cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor, device_type=device_type,
@@ -76,14 +48,14 @@ def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix o
 def _run(cfg, overwrite: bool, progress: bool) -> None:
     """Check everything before Prefect or Ray start (flows.prepare); end at once when nothing is left to do;
     else run the flow and print its summary."""
-    from flows.prepare import output_size, prepare
+    from ssdgen.flows.prepare import output_size, prepare
     prep = prepare(cfg, overwrite)
     if overwrite and (found := output_size(prep.out))[0]:
         typer.echo(f"--overwrite: deleting the run at {prep.out.url} ({found[0]} files, "
                    f"{found[1] / 2**20:.1f} MiB) before starting")
     elif not overwrite and not prep.pending:
         return _nothing_to_do(prep)
-    from flows.pipeline import generate as flow
+    from ssdgen.flows.pipeline import generate as flow
     with flow_console():
         summary = flow(**cfg.parameters(), progress=progress, overwrite=overwrite)
     _print_summary(summary)
@@ -91,7 +63,7 @@ def _run(cfg, overwrite: bool, progress: bool) -> None:
 
 def _nothing_to_do(prep) -> None:
     """Every shard is committed and passed the check: say so and show the run's recorded totals, unchanged."""
-    from flows.layout import SUMMARY
+    from ssdgen.flows.layout import SUMMARY
     typer.echo(f"nothing to do: all {len(prep.plan)} shards of {prep.out.url} are committed and their files "
                "check out (ssdgen verify reads them all back)")
     if (recorded := prep.out.read_json(SUMMARY)) is not None:
@@ -100,15 +72,15 @@ def _nothing_to_do(prep) -> None:
 
 
 def _print_summary(s: dict) -> None:
-    from flows.cost import cost_table
+    from ssdgen.flows.cost import cost_table
     typer.echo(f"shards {s['shards_committed']}/{s['shards_total']} committed ({s['shards_run_now']} this run); "
                f"images ok {s['images_ok']}, failed {s['images_failed']}")
-    from flows.audit import audit_rows, warning
+    from ssdgen.flows.audit import audit_rows, warning
     for r in cost_table(s) + audit_rows(s.get("audit")):
         typer.echo(f"  {r['metric']:<34} {r['value']}")
     if (w := warning(s.get("audit"))) is not None:
         typer.echo(f"WARNING: {w}", err=True)
-    from flows.layout import plan_words
+    from ssdgen.flows.layout import plan_words
     if (how := plan_words(s.get("decode_plan"))) is not None:  # a fall-back to plain AR is said, never silent
         typer.echo(f"decode plan (decided once for this run, _plan.json): {how}")
     if s.get("shards_redecoded"):
@@ -137,7 +109,7 @@ def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or g
           image_format: str = IMAGE_FORMAT, quality: int = QUALITY, output_format: str = FORMAT,
           dtype: str = DTYPE):
     """Serve the generation flow as a Prefect deployment on a cron schedule (runs until stopped)."""
-    from flows.pipeline import GenerateConfig, generate as flow
+    from ssdgen.flows.pipeline import GenerateConfig, generate as flow
     spec = spec_of(decoder)
     params = {"prompts": prompts, "out": out, "model": model or "reference", "decoder": str(spec),
               "shard_size": shard_size, "batch_size": batch_size, "actors": actors, "cpus_per_actor": cpus_per_actor,
@@ -169,8 +141,8 @@ def status(url: str = typer.Argument(..., help="a run's output URL"),
            verify: bool = typer.Option(False, "--verify", help="read every committed file back and check its "
                                                                "SHA-256 (default: sizes and ETags only)")):
     """Shards done, pending, failed and damaged, the decode plan, and the cost so far."""
-    from flows.layout import plan_words
-    from flows.pipeline import run_status
+    from ssdgen.flows.layout import plan_words
+    from ssdgen.flows.pipeline import run_status
     st = run_status(url, deep=verify)
     typer.echo(f"{url}: {st['shards_done']} done, {st['shards_pending']} pending, {len(st['shards_failed'])} failed "
                f"of {st['shards_total']} shards; images ok {st['images_ok']}, failed {st['images_failed']}")
@@ -185,7 +157,7 @@ def status(url: str = typer.Argument(..., help="a run's output URL"),
         typer.echo(f"  cost so far: ${c['usd_on_demand']:.4f} on demand"
                    + (f", ${c['usd_spot']:.4f} spot" if c.get("usd_spot") is not None else "")
                    + f" ({c['device_seconds_allocated']:.1f} device-seconds on {c['price']['device_type']})")
-    from flows.audit import audit_rows, warning
+    from ssdgen.flows.audit import audit_rows, warning
     for r in audit_rows(st["audit"]):
         typer.echo(f"  {r['metric']:<34} {r['value']}")
     if (w := warning(st["audit"])) is not None:
@@ -197,7 +169,7 @@ def status(url: str = typer.Argument(..., help="a run's output URL"),
 def verify_cmd(url: str = typer.Argument(..., help="a run's output URL"),
                quick: bool = typer.Option(False, help="sizes and ETags only, without reading the files back")):
     """Check every committed file against its commit marker (size and SHA-256); exit 1 if any is damaged."""
-    from flows.verify import verify
+    from ssdgen.flows.verify import verify
     r = verify(url, deep=not quick)
     for d in r["damaged"]:
         typer.echo(f"damaged: {d}")
@@ -219,9 +191,9 @@ def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: s
     import io
     import numpy as np
     from PIL import Image
-    from flows.settings import GenerateConfig
-    from reference.prompts import EXAMPLES_PARQUET
-    from ssdgen.api import open_run
+    from ssdgen.flows.settings import GenerateConfig
+    from ssdgen.reference.prompts import EXAMPLES_PARQUET
+    from ssdgen.flows.reader import open_run
     cfg = GenerateConfig(prompts=(str(EXAMPLES_PARQUET),), out=str(out / "run"), model=model or "reference",
                          decoder=spec_of(decoder), shard_size=4, batch_size=batch_size, actors=actors)
     _run(cfg, overwrite=False, progress=True)  # a second `make demo` finds nothing to do and ends at once
@@ -242,7 +214,7 @@ def export(url: str = typer.Argument(..., help="a run's output URL (local path, 
                                                   "(TO/{shard:05d}.tar + TO/{shard:05d}.parquet)"),
            fresh: bool = typer.Option(False, help="read the commit markers, not manifest.parquet (a run going on)")):
     """Copy a run's committed shards (only those) into a flat folder a data loader can take."""
-    from ssdgen.api import export as export_run
+    from ssdgen.flows.reader import export as export_run
     r = export_run(url, to, output_format, fresh=fresh)
     typer.echo(f"exported {r['shards']} committed shards ({r['files']} files, {r['bytes'] / 2**20:.1f} MiB) "
                f"to {r['to']}")
@@ -254,7 +226,7 @@ def report_cmd(url: str = typer.Argument(..., help="a run's output URL (local pa
                html: Path = typer.Option(Path("report.html"), "--html", help="where to write the HTML"),
                samples: int = typer.Option(24, help="images in the sample grid and the heatmaps")):
     """A standalone HTML report of a pipeline run, from its committed Parquet and JSON only."""
-    from bench.report import write_report
+    from ssdgen.bench.report import write_report
     info = write_report(url, html, samples=samples)
     typer.echo(f"wrote {html} ({info['shards']} committed shards, {info['images_ok']} images ok, "
                f"{info['images_failed']} failed)")

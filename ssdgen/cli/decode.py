@@ -1,0 +1,317 @@
+"""Decode and measure commands: sample, eval, bench, fidelity, calibrate, projection, train-heads and eval-heads
+(docs/benchmarks.md, docs/decoders.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ssdgen.cli.options import (CFG, DECODER, DEVICE, DTYPE, MODEL, RUN_DECODER, TOPK, friendly, model_on,
+                                sampling_of, spec_of, specs_of)
+
+app = typer.Typer()
+
+
+@app.command()
+@friendly
+def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for several"),
+           n: int = typer.Option(4, help="images per prompt"),
+           out: Path = typer.Option(Path("grid.png"), help="the grid PNG to write"),
+           seed: int = typer.Option(0, help="seed of the first image; the others count up from it"),
+           decoder: str = DECODER, model: Optional[str] = MODEL, device: str = DEVICE, dtype: str = DTYPE):
+    """Sample images for prompts and save them as one grid PNG (a row per prompt)."""
+    import numpy as np
+    from PIL import Image
+    from ssdgen.decoders import run
+    if n < 1:
+        raise ValueError(f"--n must be >= 1, got {n}")
+    spec = spec_of(decoder)
+    m = model_on(model, device, dtype)
+    prompts = [p for p in prompt for _ in range(n)]
+    seeds = [seed + i for i in range(len(prompts))]
+    m.validate_prompts(prompts)
+    res = run(spec, m, prompts, seeds)
+    imgs = m.decode_images(res.tokens).numpy()
+    rows = [np.concatenate(list(imgs[i * n:(i + 1) * n]), axis=1) for i in range(len(prompt))]
+    Image.fromarray(np.concatenate(rows, axis=0)).save(out)
+    fwd = np.mean([s.forwards for s in res.stats])
+    typer.echo(f"wrote {out} ({len(prompts)} images, {decoder}, {fwd:.1f} forwards per image)")
+    if (why := res.stats[0].ar_fallback) is not None:  # a fall-back is reported, never silent
+        typer.echo(f"note: {decoder} decoded this batch as plain AR ({why})")
+
+
+def _batch_sizes(text: str) -> list[int]:
+    try:
+        return [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        raise ValueError(f"--batch-sizes must be comma-separated integers, got {text!r}") from None
+
+
+@app.command("bench")
+@friendly
+def bench_cmd(decoders: str = typer.Option("ar,sjd,csd",
+                                           help="comma-separated specs, e.g. ar,sjd:window=16,csd:lam=0.5"),
+              n: int = typer.Option(64, help="eval prompts timed per decoder and batch size"),
+              batch_sizes: str = typer.Option("1", help="comma-separated batch sizes"),
+              quality_n: int = typer.Option(1024, help="eval prompts for scene accuracy and FD (0 = skip)"),
+              quality_decoders: Optional[str] = typer.Option(None, help="comma-separated specs to score for "
+                                                             "quality (default: all of --decoders)"),
+              fidelity_n: int = typer.Option(256, help="eval prompts for the NLL gap to ar (0 = skip)"),
+              quality_batch: int = typer.Option(64, help="batch size of the quality and fidelity decodes (not "
+                                                         "timed; on a CPU speculation is cheapest at 16)"),
+              tolerance: float = typer.Option(0.15, help="allowed |NLL gap| in nats/token (95% interval)"),
+              json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
+              html: Optional[Path] = typer.Option(None, "--html", help="write a standalone HTML report here"),
+              device_type: str = typer.Option("cpu", help="price row in infra/prices.csv for $ per 1k images "
+                                                          "(cpu = per vCPU x torch threads; a GPU type = 1 GPU)"),
+              device: str = DEVICE, dtype: str = DTYPE,
+              seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
+              model: Optional[str] = MODEL):
+    """Compare decoders side by side: forwards, time, cost, quality and fidelity, speedups measured in this
+    run. The decoders share one sampling setting (give cfg, temperature, top_k, top_p in each spec)."""
+    from ssdgen.bench.decode import bench, check_args, resolve_device
+    specs = specs_of(decoders)
+    sizes = _batch_sizes(batch_sizes)
+    if not 1 <= n <= 1024 or not 0 <= quality_n <= 1024 or not (fidelity_n == 0 or 2 <= fidelity_n <= 1024):
+        raise ValueError(f"--n must be in 1..1024, --quality-n in 0..1024 and --fidelity-n 0 or in 2..1024, "
+                         f"got {n}, {quality_n} and {fidelity_n}")
+    if quality_batch < 1:
+        raise ValueError(f"--quality-batch must be >= 1, got {quality_batch}")
+    check_args(specs, sizes)  # all argument errors before the model loads
+    chosen = specs_of(quality_decoders) if quality_decoders else None
+    resolve_device(device, device_type)
+    res = bench(model_on(model, device, dtype), specs, n, sizes, quality_n, seed=seed, log=typer.echo,
+                device_type=device_type, quality_decoders=chosen, fidelity_n=fidelity_n, tolerance=tolerance,
+                quality_batch=quality_batch)
+    samples = res.pop("samples", None)  # images: for the page, not the JSON
+    cols = ("decoder", "batch_size", "forwards_per_image", "tokens_per_forward", "seconds_per_image",
+            "speedup_vs_ar", "usd_per_1k_images", "nll_gap", "scene_accuracy", "object_accuracy", "fd")
+    typer.echo(" | ".join(cols))
+    for r in res["rows"]:
+        typer.echo(" | ".join(f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+        typer.echo(f"wrote {json_path}")
+    if html:
+        from ssdgen.bench.plots import bench_html
+        html.write_text(bench_html(res, samples), encoding="utf-8")
+        typer.echo(f"wrote {html}")
+
+
+@app.command("fidelity")
+@friendly
+def fidelity_cmd(decoders: str = typer.Option("sjd,ssd:lossless=true,csd,ssd+csd",
+                                              help="comma-separated specs, each compared with ar"),
+                 n: int = typer.Option(256, help="prompts: the first n eval prompts, or of --prompts"),
+                 batch_size: int = typer.Option(64, help="prompts per decoder call"),
+                 seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
+                 tolerance: float = typer.Option(0.15, help="allowed |NLL gap| in nats/token (95% interval)"),
+                 prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)"),
+                 json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
+                 device: str = DEVICE, dtype: str = DTYPE, model: Optional[str] = MODEL):
+    """Fidelity against the target: NLL per token of each decoder's tokens under the model, its gap to AR
+    with bootstrap intervals, FD to AR's own samples and accuracy deltas (reference model)."""
+    from ssdgen.decoders.spec import common_sampling
+    from ssdgen.bench.fidelity import fidelity
+    specs = specs_of(decoders)
+    common_sampling(specs)
+    if not specs:
+        raise ValueError("--decoders is empty: name at least one decoder, e.g. sjd,csd")
+    if n < 2 or batch_size < 1 or tolerance <= 0:
+        raise ValueError(f"--n must be >= 2, --batch-size >= 1 and --tolerance > 0; got {n}, {batch_size}, "
+                         f"{tolerance}")
+    if prompts is not None:
+        if not prompts.exists():
+            raise FileNotFoundError(f"{prompts}: no such prompts file")
+        texts = [line.strip() for line in prompts.read_text().splitlines() if line.strip()][:n]
+        seeds = [seed * 1_000_003 + i for i in range(len(texts))]
+    else:
+        from ssdgen.reference.prompts import eval_prompts
+        rows = eval_prompts(min(n, 1024))
+        texts, seeds = [r["prompt"] for r in rows], [seed * 1_000_003 + r["seed"] for r in rows]
+    if len(texts) < 2:
+        raise ValueError("fidelity needs at least 2 prompts")
+    res = fidelity(model_on(model, device, dtype), specs, texts, seeds, batch_size, tolerance, log=typer.echo)
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+        typer.echo(f"wrote {json_path}")
+
+
+@app.command("calibrate")
+@friendly
+def calibrate_cmd(decoder: str = RUN_DECODER,
+                  batch_sizes: str = typer.Option("1,4,16", help="comma-separated batch sizes"),
+                  json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
+                  seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
+                  device: str = DEVICE, dtype: str = DTYPE, model: Optional[str] = MODEL):
+    """What a calibrated decoder (calibrated=true, ssd+csd's default) would decide on this device at each batch
+    size, as `generate` decides it once per run (decoders/calibrate.py): the curve's estimates, the timed
+    choices and the rows chosen (0 = plain AR)."""
+    spec = spec_of(decoder)
+    if not spec.calibrated:
+        raise ValueError(f"--decoder {decoder!r} is not calibrated (only ssd and ssd+csd with calibrated=true are)")
+    sizes = _batch_sizes(batch_sizes)
+    if not sizes or min(sizes) < 1 or max(sizes) > 1024:
+        raise ValueError(f"--batch-sizes must be integers in 1..1024, got {batch_sizes!r}")
+    from ssdgen.decoders import calibrate_spec
+    from ssdgen.decoders.configs import CALIBRATION_PROMPTS
+    from ssdgen.reference.prompts import eval_prompts
+    m = model_on(model, device, dtype)
+    rows = eval_prompts(max(max(sizes), CALIBRATION_PROMPTS))
+    plans = []
+    for b in sizes:
+        k = max(b, CALIBRATION_PROMPTS)
+        plan = calibrate_spec(spec, m, [r["prompt"] for r in rows[:k]],
+                              [seed * 1_000_003 + r["seed"] for r in rows[:k]], b).to_dict()
+        plans.append(plan)
+        est = ", ".join(f"{r}: {v:.1f}" for r, v in plan["estimates"].items())
+        timed = ", ".join(f"{r}: {v:.3f}" for r, v in plan["measured"].items()) or "none"
+        typer.echo(f"batch {b:>4}: rows {plan['rows']} ({'plain AR' if plan['rows'] == 0 else 'speculate'}); "
+                   f"estimates (tokens/s per sample) {est}; timed (images/s) {timed}; {plan['seconds']:.1f} s")
+    if json_path:
+        json_path.write_text(json.dumps({"decoder": str(spec), "model": m.name, "plans": plans}, indent=1))
+        typer.echo(f"wrote {json_path}")
+
+
+@app.command("projection")
+@friendly
+def projection_cmd(bench_json: Path = typer.Option(..., "--bench-json", help="a `ssdgen bench --json` result"),
+                   accelerators: str = typer.Option("l4,a10g,a100-40gb,h100,h200", help="comma-separated"),
+                   models: str = typer.Option("1b@24,7b@48", help="comma-separated SIZE@GRID, SIZE in "
+                                                                  "{1b, 7b} (e.g. 7b@48 = 7B params, 48x48 tokens)"),
+                   batch_sizes: str = typer.Option("1,4,16,64", help="comma-separated"),
+                   cfg: bool = typer.Option(True, help="classifier-free guidance doubles the batch"),
+                   json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
+                   html: Optional[Path] = typer.Option(None, "--html", help="write a standalone HTML page here")):
+    """PROJECTION (not a measurement): images/s and $ per 1k images on named accelerators, from a bench's
+    measured acceptance statistics and a roofline model; the KV cache caps the batch."""
+    from ssdgen.bench.projection import project_cli
+    res = project_cli(bench_json, accelerators, models, batch_sizes, cfg)
+    for line in res["text"]:
+        typer.echo(line)
+    if json_path:
+        json_path.write_text(json.dumps(res["result"], indent=1))
+        typer.echo(f"wrote {json_path}")
+    if html:
+        from ssdgen.bench.projection import projection_html
+        html.write_text(projection_html(res["result"]), encoding="utf-8")
+        typer.echo(f"wrote {html}")
+
+
+@app.command("train-heads")
+@friendly
+def train_heads_cmd(model: Optional[str] = MODEL, out: str = typer.Option(
+                        ..., help="heads path without suffix, one per kind, comma-separated, e.g. runs/heads,"
+                                  "runs/heads-token (decode with heads=PATH; the shipped ones are "
+                                  "reference/weights/heads and heads-token)"),
+                    n_images: int = typer.Option(2048, help="the model's own samples to distil from"),
+                    steps: int = typer.Option(1500, help="optimiser steps per kind"),
+                    kind: str = typer.Option("latent", help="latent, token, or latent,token (both learn from one "
+                                                            "set of samples)"),
+                    cfg: float = CFG, top_k: int = TOPK, seed: int = typer.Option(0, help="sampling and training seed"),
+                    prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)"),
+                    device: str = DEVICE, dtype: str = DTYPE):
+    """Train SSD's horizontal and vertical heads by self-distillation on the frozen model's own samples (the
+    heads train in fp32 whatever the model's --dtype)."""
+    from ssdgen.decoders.ssd_train import DistillConfig, collect, train_heads
+    from ssdgen.models.registry import ModelSpec
+    kinds = [k.strip() for k in kind.split(",") if k.strip()]
+    if not kinds or set(kinds) - {"latent", "token"} or len(set(kinds)) < len(kinds):
+        raise ValueError(f"--kind must be latent, token or latent,token; got {kind!r}")
+    dests = [Path(o.strip()) for o in out.split(",")]
+    if len(dests) != len(kinds):  # before the model loads
+        raise ValueError(f"--out names {len(dests)} path(s) for {len(kinds)} kind(s) ({kind})")
+    m = model_on(model, device, dtype)
+    if prompts is not None:
+        captions = [line.strip() for line in prompts.read_text().splitlines() if line.strip()]
+    elif ModelSpec.parse(model).kind == "reference":
+        from ssdgen.reference.train_data import build_dataset
+        _, _, captions = build_dataset(n_images, seed + 99)  # training-distribution captions, eval set held out
+    else:
+        raise ValueError("--prompts is required for Hugging Face models")
+    sc = sampling_of(cfg, 1.0, top_k, 1.0)
+    base = DistillConfig(n_images=n_images, steps=steps, seed=seed)
+    t0 = time.perf_counter()
+    data = collect(m, captions[:n_images], sc, base) if len(kinds) > 1 else None  # sampled once, for every kind
+    shared = {"shared_collect_s": time.perf_counter() - t0} if data is not None else {}
+    for k, dest in zip(kinds, dests):
+        heads, info = train_heads(m, captions, sc, dataclasses.replace(base, kind=k), data=data)
+        heads.save(dest)
+        typer.echo(json.dumps(info | shared | {"kind": k, "path": str(dest)}, indent=1))
+
+
+@app.command("eval")
+@friendly
+def eval_cmd(decoder: str = DECODER, n: int = typer.Option(1024, help="eval prompts, the first n of 1,024"),
+             batch_size: int = typer.Option(64, help="prompts per decoder call"),
+             seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
+             json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
+             model: Optional[str] = MODEL, device: str = DEVICE, dtype: str = DTYPE):
+    """Decode the fixed eval prompts and report scene accuracy, object accuracy and FD."""
+    from ssdgen.reference.evaluate import evaluate
+    spec = spec_of(decoder)
+    if not 1 <= n <= 1024:
+        raise ValueError(f"--n must be in 1..1024 (the eval set has 1,024 prompts), got {n}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    m = model_on(model, device, dtype)
+    res = evaluate(m, spec, n, batch_size, seed)
+    rep = res["scorer"]
+    typer.echo(f"model {res['model']}  decoder {spec}  n {res['n']}  batch {batch_size}  seed {seed}")
+    from ssdgen.decoders import plan_of
+    if (plan := plan_of(spec, m)) is not None:  # a fall-back to plain AR is reported, never silent
+        typer.echo(f"  note: {spec.label} decoded by its calibrated plan: " + (
+            "plain AR (faster on this device at this batch size); calibrated=false scores its speculative path"
+            if plan.rows == 0 else f"{plan.rows} row(s)"))
+    for k in ("scene_accuracy", "object_accuracy", "fd", "fd_real_heldout", "fd_tokenizer_floor",
+              "forwards_per_image", "seconds_per_image"):
+        typer.echo(f"  {k:<22} {res[k]:.4f}")
+    for k, v in rep["attributes"].items():
+        typer.echo(f"  attribute {k:<12} {v:.4f}")
+    for k in ("background_kind", "background_colour", "images_with_extra_objects"):
+        typer.echo(f"  {k:<22} {rep[k]:.4f}")
+    for k, v in rep["scene_accuracy_by_objects"].items():
+        typer.echo(f"  scene accuracy, {k} object(s): {v:.4f}")
+    if json_path:
+        keys = ("model", "decoder", "spec", "n", "batch_size", "seed", "scene_accuracy", "object_accuracy", "fd",
+                "forwards_per_image", "seconds_per_image")
+        out = {k: res[k] for k in keys + ("fd_real_heldout", "fd_tokenizer_floor")} | {"details": res}
+        json_path.write_text(json.dumps(out, indent=1))
+        typer.echo(f"wrote {json_path}")
+
+
+@app.command("eval-heads")
+@friendly
+def eval_heads(heads: str = typer.Option("reference/weights/heads,reference/weights/heads-token",
+                                         help="comma-separated heads paths (without suffix)"),
+               n: int = typer.Option(64, help="eval prompts"),
+               batch_size: int = typer.Option(64, help="prompts per teacher-forced forward"),
+               seed: int = typer.Option(0, help="added to each eval prompt's own seed"),
+               cfg: float = CFG, model: Optional[str] = MODEL,
+               json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
+               device: str = DEVICE, dtype: str = DTYPE):
+    """Draft acceptance of SSD heads with exact context (teacher forcing), e.g. latent against token heads."""
+    from ssdgen.decoders import load_heads
+    from ssdgen.decoders.ssd_train import draft_acceptance
+    from ssdgen.reference.prompts import eval_prompts
+    m = model_on(model, device, dtype)
+    sc = sampling_of(cfg, 1.0, 0, 1.0)
+    rows = eval_prompts(n)
+    res = {"n": n, "rows": []}
+    for path in [h.strip() for h in heads.split(",") if h.strip()]:
+        hd = load_heads(m, path)
+        acc = {"horizontal": 0.0, "vertical": 0.0, "target_entropy_nats": 0.0}
+        for i in range(0, n, batch_size):
+            part = rows[i:i + batch_size]
+            got = draft_acceptance(m, hd, [r["prompt"] for r in part], [seed + r["seed"] for r in part], sc)
+            acc = {k: acc[k] + got[k] * len(part) / n for k in acc}
+        res["rows"].append({"heads": path, "kind": hd.cfg.kind, "params": hd.n_params(),
+                            "flops_per_token_per_head": hd.flops_per_token()} | acc)
+        typer.echo(f"{path}: {hd.cfg.kind} heads, horizontal {acc['horizontal']:.3f}, vertical {acc['vertical']:.3f}")
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))

@@ -1,0 +1,204 @@
+"""Maintainer commands, under `ssdgen dev`: training the reference model and its scorer, the tokenizer report, the
+docs' figures and the pipeline benchmarks (docs/reference-model.md, docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ssdgen.cli.options import DECODER, MODEL, SPEC_HELP, friendly, model_on, spec_of
+
+app = typer.Typer()
+
+
+@app.command("bench-plan")
+@friendly
+def bench_plan_cmd(rows: int = typer.Option(10_000_000, help="synthetic prompt rows"),
+                   files: int = typer.Option(100, help="Parquet files they are split into"),
+                   workdir: Optional[str] = typer.Option(None, help="where the synthetic Parquet goes (kept)"),
+                   json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
+    """Planning benchmark: list and shard synthetic prompt Parquet from metadata only (bars: 60 s, 2 GB)."""
+    from ssdgen.bench.plan import run
+    res = run(rows=rows, files=files, workdir=workdir)
+    typer.echo(json.dumps(res, indent=1))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+
+
+@app.command("bench-pipeline")
+@friendly
+def bench_pipeline_cmd(n: int = typer.Option(128, help="prompts"),
+                       decoder: str = DECODER,
+                       batch_size: int = typer.Option(16, help="prompts per decoder call"),
+                       threads: int = typer.Option(2, help="torch threads of both sides"),
+                       shard_size: int = typer.Option(32, help="rows per shard"),
+                       json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
+    """Pipeline overhead: `generate` end to end vs the bare decoder loop (same decoder, batch, threads)."""
+    from ssdgen.bench.pipeline import run
+    res = run(n=n, decoder=decoder, batch_size=batch_size, threads=threads, shard_size=shard_size, log=typer.echo)
+    typer.echo(json.dumps(res, indent=1))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+
+
+@app.command("bench-scaling")
+@friendly
+def bench_scaling_cmd(sides: str = typer.Option("8,16,32", help="grid sides n"),
+                      n: int = typer.Option(8, help="prompts per grid side"),
+                      reference_bench: Optional[str] = typer.Option("docs/results/bench_main.json",
+                                                                    help="bench JSON of the trained 16x16 model"),
+                      plot: Optional[Path] = typer.Option(None, help="write the log-log plot (PNG) here"),
+                      json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
+    """SSD's scaling claim: forwards per image against grid side n, with a log-log plot."""
+    from ssdgen.bench.scaling import run
+    res = run(tuple(int(x) for x in sides.split(",")), n, reference_bench, plot and str(plot), log=typer.echo)
+    typer.echo(json.dumps(res["loglog_slope"], indent=1))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+
+
+@app.command("bench-scale")
+@friendly
+def bench_scale_cmd(n: int = typer.Option(200_000, help="prompts"),
+                    shard_size: int = typer.Option(10, help="rows per shard"),
+                    actors: int = typer.Option(2, help="Ray actors"),
+                    batch_size: int = typer.Option(16, help="prompts per decoder call"),
+                    decoder: str = DECODER, plot: Optional[Path] = typer.Option(None, "--plot", help="RSS plot (PNG)"),
+                    json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
+                    workdir: Optional[str] = typer.Option(None, help="where inputs and output go (kept); default a "
+                                                                       "temporary folder, removed after")):
+    """Orchestration at scale: the flow over N prompts with a tiny model (decoding costs almost nothing); wall
+    time, images/s, per-shard overhead, actor utilisation, and the driver's and actors' peak memory."""
+    from ssdgen.bench.scale import brief, dump, run
+    res = run(n=n, shard_size=shard_size, actors=actors, batch_size=batch_size, decoder=str(spec_of(decoder)),
+              plot=str(plot) if plot else None, workdir=workdir, log=typer.echo)
+    typer.echo(brief(res))
+    if json_path:
+        dump(res, str(json_path))
+        typer.echo(f"wrote {json_path}")
+
+
+@app.command("train-reference")
+@friendly
+def train_reference(out: Path = typer.Option(..., help="bundle directory to write (reference/weights replaces "
+                                                       "the shipped model)"),
+                    work: Path = typer.Option(Path("runs/train-reference"),
+                                              help="folder for the tokenized set, checkpoints and the curve"),
+                    resume: bool = typer.Option(False, help="continue from the checkpoint in --work"),
+                    until_step: Optional[int] = typer.Option(None, help="stop this sitting after this AR step"),
+                    device: str = typer.Option("cpu", help="torch device, e.g. cuda"),
+                    vq_from: Optional[Path] = typer.Option(None, help="take the VQ tokenizer from this bundle"),
+                    seed: int = typer.Option(0, help="training seed (data, initialisation, order)"),
+                    gpt_steps: Optional[int] = typer.Option(None, help="override AR training steps"),
+                    n_images: Optional[int] = typer.Option(None, help="override the number of training renders"),
+                    curve_prompts: Optional[int] = typer.Option(None, help="eval prompts per curve point (0 = none)")):
+    """Train the VQ tokenizer and the AR model (about 4 hours on 2 CPU cores; resumable with --resume)."""
+    from dataclasses import replace
+    from ssdgen.reference.train import TrainConfig, train_reference as run
+    tc = TrainConfig(seed=seed)
+    tc = replace(tc, **{k: v for k, v in {"n_images": n_images, "curve_prompts": curve_prompts}.items()
+                        if v is not None})
+    if gpt_steps is not None:
+        tc = replace(tc, gpt=replace(tc.gpt, steps=gpt_steps))
+    tc = replace(tc, gpt=replace(tc.gpt, seed=seed))
+    res = run(out, tc, work, resume, device, vq_from, until_step)
+    typer.echo(json.dumps({k: res[k] for k in ("steps_done", "timing", "curve")}, indent=1))
+
+
+@app.command("train-scorer")
+@friendly
+def train_scorer(out: Path = typer.Option(..., help="scorer weights file to write (reference/weights/"
+                                                   "scorer.safetensors replaces the shipped one)"),
+                 steps: int = typer.Option(3000, help="optimiser steps"),
+                 vq: Path = typer.Option(Path("reference/weights/vq.safetensors"), help="VQ-VAE weights"),
+                 device: str = typer.Option("cpu", help="torch device, e.g. cuda"),
+                 workers: int = typer.Option(2, help="data-loader processes rendering the training images"),
+                 n_images: int = typer.Option(48_000, help="training renders"),
+                 batch: int = typer.Option(128, help="images per optimiser step")):
+    """Train the scene-accuracy / FD feature network on renders and the reference VQ's reconstructions."""
+    from safetensors.torch import load_file
+    from ssdgen.reference.scorer import save_scorer, train_scorer as run
+    from ssdgen.reference.vqvae import VQVAE, VQConfig
+    if not vq.exists():
+        raise FileNotFoundError(f"{vq}: no VQ-VAE weights (run `ssdgen dev train-reference` first)")
+    vqm = VQVAE(VQConfig())
+    vqm.load_state_dict(load_file(vq), strict=True)
+    net = run(vq=vqm.eval(), steps=steps, batch=batch, n_images=n_images, device=device, workers=workers)
+    save_scorer(net, out)
+    typer.echo(f"wrote {out}")
+
+
+@app.command("eval-scorer")
+@friendly
+def eval_scorer(n: int = typer.Option(1024, help="held-out renders"),
+                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
+                scorer: Optional[Path] = typer.Option(None, help="scorer weights (default: bundled)"),
+                vq: Path = typer.Option(Path("reference/weights/vq.safetensors"), help="VQ-VAE weights")):
+    """Validate the scorer: held-out renders, their VQ reconstructions, and shuffled captions."""
+    from safetensors.torch import load_file
+    from ssdgen.reference.scorer import DEFAULT_PATH, load_scorer
+    from ssdgen.reference.validate_scorer import validate
+    from ssdgen.reference.vqvae import VQVAE, VQConfig
+    vqm = VQVAE(VQConfig())
+    vqm.load_state_dict(load_file(vq), strict=True)
+    res = validate(load_scorer(scorer or DEFAULT_PATH), vqm.eval(), n)
+    for k in ("renders", "reconstructions", "shuffled_captions"):
+        r = res[k]
+        typer.echo(f"{k:<18} scene {r['scene_accuracy']:.4f}  object {r['object_accuracy']:.4f}  "
+                   f"bg {r['background_kind']:.4f}  extras {r['images_with_extra_objects']:.4f}  "
+                   + "  ".join(f"{a} {v:.3f}" for a, v in r["attributes"].items()))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+
+
+@app.command("tokenizer-report")
+@friendly
+def tokenizer_report(n: int = typer.Option(1024, help="held-out renders"),
+                     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
+                     model: Optional[str] = MODEL):
+    """VQ reconstruction PSNR per background kind, and above/left token agreement on real renders."""
+    from ssdgen.reference.tokenizer_report import tokenizer_report as run
+    res = run(model_on(model).vq, n)
+    typer.echo(json.dumps(res, indent=1))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+
+
+@app.command("figures")
+@friendly
+def figures(out: Path = typer.Option(..., help="folder for the PNGs and JSON (docs replaces the docs' figures)"),
+            seed: int = typer.Option(0, help="added to each eval prompt's own seed"),
+            model: Optional[str] = MODEL, n: int = typer.Option(256, help="eval prompts for CSD"),
+            csd: str = typer.Option("csd", help="the CSD decode spec whose commit maps to show; "
+                                    "its sampling settings are the AR grid's too. " + SPEC_HELP)):
+    """docs/ figures: a 4x4 grid of AR samples for 16 eval prompts, and CSD's commit maps with where its
+    relaxed acceptances fall (objects, smooth and detailed background)."""
+    import numpy as np
+
+    from ssdgen.decoders.spec import DecodeSpec
+    from ssdgen.reference.commit_maps import content_awareness, overlay
+    from ssdgen.reference.evaluate import generate
+    from ssdgen.reference.figures import captioned_grid
+    from ssdgen.reference.prompts import eval_prompts
+    spec = spec_of(csd)
+    m = model_on(model)  # on the CPU in fp32
+    out.mkdir(parents=True, exist_ok=True)
+    rows = eval_prompts(16)
+    prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
+    images, _, _ = generate(m, prompts, seeds, DecodeSpec("ar", (), spec.sampling), 16)
+    captioned_grid(list(images), prompts).save(out / "samples_grid.png")
+    rows = eval_prompts(n)
+    prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
+    images, stats, _ = generate(m, prompts, seeds, spec, 16, desc=spec.label)  # speculation's cheap batch on a CPU
+    maps = [s.commit_map for s in stats]
+    report = {"decoder": str(spec), "n": len(prompts),
+              "forwards_per_image": float(np.mean([s.forwards for s in stats]))}
+    report |= content_awareness(prompts, images, maps)
+    (out / "csd_content_awareness.json").write_text(json.dumps(report, indent=1))
+    pick = list(range(8))
+    captioned_grid([images[i] for i in pick], [prompts[i] for i in pick], cols=4,
+                   extra=[overlay(images[i], maps[i]) for i in pick]).save(out / "csd_commit_maps.png")
+    typer.echo(json.dumps(report, indent=1))

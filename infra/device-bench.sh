@@ -95,10 +95,10 @@ say "probe"
 "$PY" - "$OUT" "$DEV" <<'EOF' 2> >(tee "$OUT/probe.log" >&2)
 import json, os, sys, time, traceback
 import torch
-from decoders import decode
-from decoders.sampling import SamplingConfig
-from reference.prompts import eval_prompts
-from models.registry import load_model
+from ssdgen.decoders import decode
+from ssdgen.decoders.sampling import SamplingConfig
+from ssdgen.reference.prompts import eval_prompts
+from ssdgen.models.registry import load_model
 out, dev = sys.argv[1], sys.argv[2]
 sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
 m = load_model(os.environ.get("BENCH_MODEL") or None, device=dev)

@@ -1,7 +1,7 @@
 """Stored bytes per image for each --image-format: the same images encoded as png, webp and jpeg by the pipeline's
 own encoder (workers.decode_worker.encode_image) at the CLI's default quality.
 
-    python -m bench.formats [--n 256] [--quality 90] [--batch-size 32] [--model reference] [--out sizes.json]
+    ssdgen dev formats [--n 256] [--quality 90] [--batch-size 32] [--model reference] [--out sizes.json]
 
 The images are decoded once, with `ar`, from the first n eval prompts at their own seeds, so every format encodes
 the same pixels; the decode is not timed. Encoding is deterministic (fixed encoder options, no metadata), so the
@@ -10,7 +10,6 @@ sizes repeat exactly for the same model and prompts.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -48,27 +47,18 @@ def sizes(images: list[np.ndarray], quality: int = 90) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(prog="python -m bench.formats", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=256, help="images (the first n eval prompts)")
-    ap.add_argument("--quality", type=int, default=90, help="webp/jpeg quality (the CLI's default)")
-    ap.add_argument("--batch-size", type=int, default=32, help="prompts per decoder call")
-    ap.add_argument("--model", default=None, help="model spec (default: the bundled reference model)")
-    ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
-    args = ap.parse_args(argv)
-    images = decode(args.n, args.model, args.batch_size)
+def report(n: int = 256, quality: int = 90, batch_size: int = 32, model: str | None = None,
+           out: Path | None = None, echo=print) -> list[dict]:
+    """Decode n eval prompts once, encode them in every format, print the table and return its rows."""
+    images = decode(n, model, batch_size)
     h, w = images[0].shape[:2]
-    rows = sizes(images, args.quality)
-    print(f"{len(images)} images of {w}x{h} px, decoded with ar")
-    print(f"{'format':<8} {'quality':>7} {'bytes/image':>12} {'total bytes':>12} {'vs png':>7}")
+    rows = sizes(images, quality)
+    echo(f"{len(images)} images of {w}x{h} px, decoded with ar")
+    echo(f"{'format':<8} {'quality':>7} {'bytes/image':>12} {'total bytes':>12} {'vs png':>7}")
     for r in rows:
         q = "-" if r["quality"] is None else r["quality"]
-        print(f"{r['format']:<8} {q:>7} {r['bytes_per_image']:>12.0f} {r['bytes_total']:>12} "
-              f"{r['relative_to_png']:>7.2f}")
-    if args.out:
-        args.out.write_text(json.dumps({"image_size": [w, h], "rows": rows}, indent=1))
+        echo(f"{r['format']:<8} {q:>7} {r['bytes_per_image']:>12.0f} {r['bytes_total']:>12} "
+             f"{r['relative_to_png']:>7.2f}")
+    if out:
+        out.write_text(json.dumps({"image_size": [w, h], "rows": rows}, indent=1))
     return rows
-
-
-if __name__ == "__main__":
-    main()

@@ -301,12 +301,3 @@ def screenshot(html_path, png_path, width: int = 1200, height: int = 1600, timeo
     if r.returncode != 0 or not png_path.exists():
         raise RuntimeError(f"chromium failed ({r.returncode}): {r.stderr[-2000:]}")
     return str(png_path)
-
-
-if __name__ == "__main__":  # python -m bench.plots page.html page.png [WIDTH HEIGHT]
-    import sys
-    args = sys.argv[1:]
-    if len(args) not in (2, 4):
-        sys.exit("usage: python -m bench.plots PAGE.html OUT.png [WIDTH HEIGHT]")
-    size = (int(args[2]), int(args[3])) if len(args) == 4 else (1200, 1600)
-    print(screenshot(args[0], args[1], *size))

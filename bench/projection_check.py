@@ -2,7 +2,7 @@
 FLOP/s measured by a copy / matmul microbenchmark, the roofline applied to the bench's own model, and the
 error of the predicted s/image against the measured one (bench/projection.py says what is projected).
 
-    python -m bench.projection_check BENCH.json [BENCH2.json ...] [--out OUT.json] [--device cuda] [--repeats 3]
+    ssdgen dev projection-check BENCH.json [BENCH2.json ...] [--out OUT.json] [--device cuda] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -149,45 +149,30 @@ def best_of(measures: list[dict]) -> dict:
     return measures[0] | {k: max(m[k] for m in measures) for k in ("flops", "bw_dram", "bw_model") if k in measures[0]}
 
 
-def main(argv: list[str]) -> None:
-    """python -m bench.projection BENCH.json [BENCH2.json ...] [--out OUT.json] [--device cuda] [--repeats 3]:
-    the projection's method checked against benches measured on this machine (its bandwidth and FLOP/s
-    measured here, best of --repeats), error in % per decoder and batch. Eval JSONs count as one-row benches."""
-    opts = {"--device": "cpu", "--out": None, "--repeats": "3"}
-    files = []
-    it = iter(argv)
-    for a in it:
-        if a in opts:
-            opts[a] = next(it)
-        else:
-            files.append(a)
-    if not files:
-        raise SystemExit("usage: python -m bench.projection BENCH.json [...] [--out OUT.json] [--device cuda]")
+def check(files: list[str], out: str | None = None, device: str = "cpu", repeats: int = 3, echo=print) -> dict:
+    """The projection's method checked against benches measured on this machine (its bandwidth and FLOP/s
+    measured here, best of `repeats`), error in % per decoder and batch. Eval JSONs count as one-row benches."""
     bench = merge_benches(files)
     info = bench.get("model_info") or _reference_info(bench)
     weights = float(info["params"]) * float(info.get("bytes_per_param", 4))
-    cpu = best_of([measure_cpu(weights, device=opts["--device"]) for _ in range(int(opts["--repeats"]))])
+    cpu = best_of([measure_cpu(weights, device=device) for _ in range(repeats)])
     res = {"roofline": calibrate(bench, cpu, bandwidth="bw_dram"),
            "roofline_cache_bandwidth": calibrate(bench, cpu, bandwidth="bw_model"),
            "roofline_plus_overhead": calibrate_with_overhead(bench, cpu, bandwidth="bw_dram"),
            "roofline_plus_overhead_and_matmul_efficiency": calibrate_fitted(bench, cpu, bandwidth="bw_dram")}
     for k, v in res.items():
-        print(f"{k}: mean |error| {v['mean_abs_error_pct']:.1f}%"
-              + (f", held out {v['mean_abs_error_pct_held_out']:.1f}% "
-                 f"(overhead {v['overhead_per_forward_s'] * 1e3:.2f} ms/forward"
-                 + (f", matmul efficiency {v['flops_eff']:.3f}" if "flops_eff" in v else "")
-                 + f"; fitted on {v['fitted_on']})" if "fitted_on" in v else ""))
+        echo(f"{k}: mean |error| {v['mean_abs_error_pct']:.1f}%"
+             + (f", held out {v['mean_abs_error_pct_held_out']:.1f}% "
+                f"(overhead {v['overhead_per_forward_s'] * 1e3:.2f} ms/forward"
+                + (f", matmul efficiency {v['flops_eff']:.3f}" if "flops_eff" in v else "")
+                + f"; fitted on {v['fitted_on']})" if "fitted_on" in v else ""))
         for r in v["rows"]:
-            print(f"  {str(r['source']):<22} {r['decoder']:<26} batch {r['batch_size']:>3} {r['bound']:<7} predicted "
-                  f"{r['predicted_s_per_image']:.4f} s/image, measured {r['measured_s_per_image']:.4f}, "
-                  f"error {r['error_pct']:+.1f}%" + (" (assumed: " + ", ".join(r["derived"]) + ")"
-                                                     if "forwards_per_batch" in r["derived"] and r["batch_size"] > 1
-                                                     else ""))
-    print("measured:", json.dumps(cpu))
-    if opts["--out"]:
-        Path(opts["--out"]).write_text(json.dumps(res | {"files": files}, indent=1))
-
-
-if __name__ == "__main__":
-    import sys
-    main(sys.argv[1:])
+            echo(f"  {str(r['source']):<22} {r['decoder']:<26} batch {r['batch_size']:>3} {r['bound']:<7} predicted "
+                 f"{r['predicted_s_per_image']:.4f} s/image, measured {r['measured_s_per_image']:.4f}, "
+                 f"error {r['error_pct']:+.1f}%" + (" (assumed: " + ", ".join(r["derived"]) + ")"
+                                                    if "forwards_per_batch" in r["derived"] and r["batch_size"] > 1
+                                                    else ""))
+    echo("measured: " + json.dumps(cpu))
+    if out:
+        Path(out).write_text(json.dumps(res | {"files": files}, indent=1))
+    return res

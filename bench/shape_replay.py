@@ -11,13 +11,12 @@ those grids: anything said about them from this is an extrapolation and is label
 `projection_error` compares `bench.projection`'s roofline estimate for the same model size, decoder and
 batch with the replayed measurement, so the projection's error on this device is known.
 
-    python -m bench.shape_replay BENCH_JSON OUT_JSON [--device cuda] [--shapes janus-pro-1b,janus-pro-7b]
+    ssdgen dev shape-replay BENCH_JSON OUT_JSON [--device cuda] [--shapes janus-pro-1b,janus-pro-7b]
                                  [--budget-s 240] [--tiny]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -122,29 +121,23 @@ def projection_error(bench: dict, rows: list[dict], accelerator: str | None) -> 
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("bench_json"), ap.add_argument("out_json")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--shapes", default="janus-pro-1b,janus-pro-7b")
-    ap.add_argument("--budget-s", type=float, default=240.0)
-    ap.add_argument("--accelerator", default=None, help="bench.projection accelerator to compare with")
-    ap.add_argument("--tiny", action="store_true", help="tiny shapes in fp32 (a CPU check of the command)")
-    a = ap.parse_args(argv)
-    bench = json.loads(open(a.bench_json).read())
-    table = TINY if a.tiny else SHAPES
-    shapes = [table[s] for s in (table if a.tiny else a.shapes.split(","))]
-    dtype = torch.float32 if a.tiny or torch.device(a.device).type == "cpu" else torch.bfloat16
-    rows = replay(bench, shapes, a.device, dtype, a.budget_s)
+def run(bench_json: str, out_json: str, device: str | None = None, shapes: str = "janus-pro-1b,janus-pro-7b",
+        budget_s: float = 240.0, accelerator: str | None = None, tiny: bool = False) -> dict:
+    """Replay a bench's traces on the named shapes (tiny: the tiny ones, in fp32) and write OUT_JSON."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    bench = json.loads(open(bench_json).read())
+    table = TINY if tiny else SHAPES
+    unknown = [] if tiny else [s for s in shapes.split(",") if s not in table]
+    if unknown:
+        raise ValueError(f"--shapes: unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
+    chosen = [table[s] for s in (table if tiny else shapes.split(","))]
+    dtype = torch.float32 if tiny or torch.device(device).type == "cpu" else torch.bfloat16
+    rows = replay(bench, chosen, device, dtype, budget_s)
     res = {"label": "measured: forward shapes recorded on the trained reference model, replayed on random "
-                    "weights of the named shapes at the trace's grid", "device": a.device,
-           "device_name": torch.cuda.get_device_name(a.device) if a.device.startswith("cuda") else "cpu",
-           "torch": torch.__version__, "shapes": [asdict(s) for s in shapes], "rows": rows,
-           "projection_error": projection_error(bench, rows, a.accelerator)}
-    with open(a.out_json, "w") as f:
+                    "weights of the named shapes at the trace's grid", "device": device,
+           "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
+           "torch": torch.__version__, "shapes": [asdict(s) for s in chosen], "rows": rows,
+           "projection_error": projection_error(bench, rows, accelerator)}
+    with open(out_json, "w") as f:
         json.dump(res, f, indent=1)
     return res
-
-
-if __name__ == "__main__":
-    main()

@@ -146,10 +146,10 @@ fi
 # 6. shape replay: the forward shapes each decoder produced above, timed on Janus-Pro-1B/7B-shaped models --
 say "shape replay"
 if [ "$TINY" = 1 ]; then REPLAY=(--tiny --device cpu); else REPLAY=(--device "$DEV" --accelerator "$DT"); fi
-timeout 200 "$PY" -m ssdgen.bench.shape_replay "$OUT/bench.json" "$OUT/replay.json" --budget-s 150 "${REPLAY[@]}" \
+timeout 200 "$PY" -m ssdgen.cli dev shape-replay "$OUT/bench.json" "$OUT/replay.json" --budget-s 150 "${REPLAY[@]}" \
     2>&1 | tee "$OUT/replay.log" || say "shape replay failed or overran (see replay.log)"
 
 # 7. the projection's method checked on this GPU (its bandwidth and FLOP/s measured here) -------------------
 say "projection check"
-"$PY" -m ssdgen.bench.projection_check "$OUT/bench.json" --out "$OUT/calibration.json" --device "$DEV" 2>&1 | tee "$OUT/calibration.log" || true
+"$PY" -m ssdgen.cli dev projection-check "$OUT/bench.json" --out "$OUT/calibration.json" --device "$DEV" 2>&1 | tee "$OUT/calibration.log" || true
 say "done: $(find "$OUT" -maxdepth 1 -type f -printf '%f ')"

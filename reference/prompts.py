@@ -59,7 +59,3 @@ def write_jsonl(rows: list[dict], path: Path) -> None:
     with open(path, "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
-
-
-if __name__ == "__main__":  # python -m reference.prompts  (rewrites the versioned file)
-    write_jsonl(make_eval_set(), EVAL_PATH)

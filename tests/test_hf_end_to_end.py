@@ -93,7 +93,7 @@ def test_train_heads_then_generate_ssd_csd_on_s3(s3, tmp_path, kind, dtype):
     prompts.write_text("\n".join(PROMPTS) + "\n")
     heads = tmp_path / "heads" / kind
     model = f"{kind}:{ckpt}"
-    cli("train-heads", "--model", model, "--prompts", str(prompts), "--out", str(heads), "--n-images", "4",
+    cli("train-heads", "--model", model, "--prompts-file", str(prompts), "--out", str(heads), "--n-images", "4",
         "--steps", "5", "--dtype", dtype)
     assert heads.with_suffix(".safetensors").exists() and heads.with_suffix(".json").exists()
     if kind == "emu3":  # the grid the folder's image_area states, not Emu3-Gen's 90 x 90
@@ -148,7 +148,7 @@ def test_fidelity_cli_on_a_tiny_janus_folder(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS * 4) + "\n")
     out = tmp_path / "fidelity.json"
-    cli("fidelity", "--model", f"janus:{ckpt}", "--prompts", str(prompts), "--decoders", "sjd:window=4",
+    cli("fidelity", "--model", f"janus:{ckpt}", "--prompts-file", str(prompts), "--decoders", "sjd:window=4",
         "--n", "16", "--batch-size", "8", "--json", str(out))
     res = json.loads(out.read_text())
     rows = {r["decoder"]: r for r in res["rows"]}

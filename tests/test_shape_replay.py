@@ -11,7 +11,7 @@ import pytest
 
 from ssdgen.decoders.spec import DecodeSpec
 from ssdgen.bench.decode import bench
-from ssdgen.bench.shape_replay import main
+from ssdgen.bench.shape_replay import run as replay
 from tiny import tiny_model, tiny_with_heads
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ def test_traces_record_every_forward_and_replay_on_other_shapes(tmp_path):
         assert fw[0] == [2 * r["trace"]["batch"], 36, 36]  # CFG doubles the rows
         assert all(f[1] <= (1 if r["decoder"] == "ar" else 4) for f in fw[1:])
     (tmp_path / "bench.json").write_text(json.dumps(res))
-    out = main([str(tmp_path / "bench.json"), str(tmp_path / "replay.json"), "--tiny", "--device", "cpu"])
+    out = replay(str(tmp_path / "bench.json"), str(tmp_path / "replay.json"), "cpu", tiny=True)
     assert json.loads((tmp_path / "replay.json").read_text()) == out
     assert {(r["shape"], r["decoder"], r["batch_size"]) for r in out["rows"]} == {
         (s, d, b) for s in ("tiny-a", "tiny-b") for d in ("ar", "sjd:window=4") for b in (1, 2)}

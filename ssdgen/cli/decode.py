@@ -107,11 +107,12 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd",
 @friendly
 def fidelity_cmd(decoders: str = typer.Option("sjd,ssd:lossless=true,csd,ssd+csd",
                                               help="comma-separated specs, each compared with ar"),
-                 n: int = typer.Option(256, help="prompts: the first n eval prompts, or of --prompts"),
+                 n: int = typer.Option(256, help="prompts: the first n eval prompts, or of --prompts-file"),
                  batch_size: int = typer.Option(64, help="prompts per decoder call"),
                  seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
                  tolerance: float = typer.Option(0.15, help="allowed |NLL gap| in nats/token (95% interval)"),
-                 prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)"),
+                 prompts: Optional[Path] = typer.Option(None, "--prompts-file",
+                                                         help="text file, one prompt a line (HF models)"),
                  json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
                  device: str = DEVICE, dtype: str = DTYPE, model: Optional[str] = MODEL):
     """Fidelity against the target: NLL per token of each decoder's tokens under the model, its gap to AR
@@ -214,7 +215,8 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: str = typer.Option(
                     kind: str = typer.Option("latent", help="latent, token, or latent,token (both learn from one "
                                                             "set of samples)"),
                     cfg: float = CFG, top_k: int = TOPK, seed: int = typer.Option(0, help="sampling and training seed"),
-                    prompts: Optional[Path] = typer.Option(None, help="text file, one prompt a line (HF models)"),
+                    prompts: Optional[Path] = typer.Option(None, "--prompts-file",
+                                                         help="text file, one prompt a line (HF models)"),
                     device: str = DEVICE, dtype: str = DTYPE):
     """Train SSD's horizontal and vertical heads by self-distillation on the frozen model's own samples (the
     heads train in fp32 whatever the model's --dtype)."""
@@ -233,7 +235,7 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: str = typer.Option(
         from ssdgen.reference.train_data import build_dataset
         _, _, captions = build_dataset(n_images, seed + 99)  # training-distribution captions, eval set held out
     else:
-        raise ValueError("--prompts is required for Hugging Face models")
+        raise ValueError("--prompts-file is required for Hugging Face models")
     sc = sampling_of(cfg, 1.0, top_k, 1.0)
     base = DistillConfig(n_images=n_images, steps=steps, seed=seed)
     t0 = time.perf_counter()

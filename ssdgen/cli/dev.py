@@ -202,3 +202,93 @@ def figures(out: Path = typer.Option(..., help="folder for the PNGs and JSON (do
     captioned_grid([images[i] for i in pick], [prompts[i] for i in pick], cols=4,
                    extra=[overlay(images[i], maps[i]) for i in pick]).save(out / "csd_commit_maps.png")
     typer.echo(json.dumps(report, indent=1))
+
+
+@app.command("formats")
+@friendly
+def formats_cmd(n: int = typer.Option(256, help="images (the first n eval prompts)"),
+                quality: int = typer.Option(90, help="webp/jpeg quality (generate's default)"),
+                batch_size: int = typer.Option(32, help="prompts per decoder call"), model: Optional[str] = MODEL,
+                out: Optional[Path] = typer.Option(None, help="also write the rows as JSON here")):
+    """Stored bytes per image in png, webp and jpeg: the same images through the pipeline's own encoder."""
+    from ssdgen.bench.formats import report
+    if n < 1 or batch_size < 1:
+        raise ValueError(f"--n and --batch-size must be >= 1, got {n} and {batch_size}")
+    report(n, quality, batch_size, model, out, echo=typer.echo)
+
+
+@app.command("shape-replay")
+@friendly
+def shape_replay_cmd(bench_json: Path = typer.Argument(..., help="a `ssdgen bench --json` result with traces"),
+                     out_json: Path = typer.Argument(..., help="where to write the replay's rows"),
+                     device: Optional[str] = typer.Option(None, help="torch device (default: cuda if there is one)"),
+                     shapes: str = typer.Option("janus-pro-1b,janus-pro-7b", help="comma-separated model shapes"),
+                     budget_s: float = typer.Option(240.0, help="stop starting new rows after this many seconds"),
+                     accelerator: Optional[str] = typer.Option(None, help="projection accelerator to compare with"),
+                     tiny: bool = typer.Option(False, help="tiny shapes in fp32 (a CPU check of the command)")):
+    """Time the forward shapes a bench recorded on random-weight models of production sizes (docs/benchmarks.md)."""
+    from ssdgen.bench.shape_replay import run
+    if not bench_json.is_file():
+        raise FileNotFoundError(f"{bench_json}: no such bench JSON")
+    res = run(str(bench_json), str(out_json), device, shapes, budget_s, accelerator, tiny)
+    typer.echo(f"wrote {out_json} ({len(res['rows'])} rows)")
+
+
+@app.command("projection-check")
+@friendly
+def projection_check_cmd(bench_json: list[Path] = typer.Argument(..., help="bench or eval JSONs of one model"),
+                         out: Optional[Path] = typer.Option(None, help="write the result as JSON here"),
+                         device: str = typer.Option("cpu", help="torch device whose bandwidth and FLOP/s to measure"),
+                         repeats: int = typer.Option(3, help="measurements of the device; the best counts")):
+    """The GPU projection's method checked against benches measured on this machine, error in % per row."""
+    from ssdgen.bench.projection_check import check
+    missing = [str(p) for p in bench_json if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{', '.join(missing)}: no such bench JSON")
+    check([str(p) for p in bench_json], str(out) if out else None, device, repeats, echo=typer.echo)
+
+
+@app.command("screenshot")
+@friendly
+def screenshot_cmd(page: Path = typer.Argument(..., help="a local HTML page (bench or report)"),
+                   png: Path = typer.Argument(..., help="the PNG to write"),
+                   width: int = typer.Option(1200, help="viewport width, px"),
+                   height: int = typer.Option(1600, help="viewport height, px")):
+    """Render an HTML page to PNG with headless Chromium (the docs' screenshots)."""
+    from ssdgen.bench.plots import screenshot
+    if not page.is_file():
+        raise FileNotFoundError(f"{page}: no such page")
+    typer.echo(screenshot(page, png, width, height))
+
+
+@app.command("eval-set")
+@friendly
+def eval_set_cmd(out: Path = typer.Option(..., help="JSONL to write (reference/data/eval_prompts_v1.jsonl is the "
+                                                    "versioned set)")):
+    """Regenerate the fixed eval set (1,024 prompts from a fixed seed) into --out."""
+    from ssdgen.reference.prompts import make_eval_set, write_jsonl
+    rows = make_eval_set()
+    write_jsonl(rows, out)
+    typer.echo(f"wrote {len(rows)} prompts to {out}")
+
+
+@app.command("host-time")
+@friendly
+def host_time_cmd(out: Optional[Path] = typer.Option(None, help="write the JSON here"),
+                  batches: str = typer.Option("1,64", help="comma-separated batch sizes"),
+                  repeats: int = typer.Option(5, help="decodes per row; the fastest counts"),
+                  codes: int = typer.Option(256, help="image-token vocabulary of the tiny model"),
+                  grid: int = typer.Option(8, help="image tokens per side"),
+                  threads: int = typer.Option(1, help="torch threads (1: least sensitive to other load)")):
+    """Host (non-model) wall time per model forward of each decoder, on a tiny random model (docs/benchmarks.md)."""
+    import torch
+
+    from ssdgen.bench.host_time import run
+    sizes = [int(b) for b in batches.split(",") if b.strip()]
+    if not sizes or min(sizes) < 1 or repeats < 1:
+        raise ValueError(f"--batches must be integers >= 1 and --repeats >= 1, got {batches!r} and {repeats}")
+    torch.set_num_threads(threads)
+    res = run(sizes, repeats, codes, grid)
+    if out:
+        out.write_text(json.dumps(res, indent=1))
+        typer.echo(f"wrote {out}")

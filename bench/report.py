@@ -15,18 +15,14 @@ failed samples with their messages and failed shards.
 from __future__ import annotations
 
 import io
-import json
 import math
-import tarfile
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ssdgen.decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
-from ssdgen.flows.layout import CONFIG, MANIFEST, SUMMARY, Output, file_kind, plan_words
-from ssdgen.flows.verify import damaged_shards
+from ssdgen.flows.layout import plan_words
+from ssdgen.flows.reader import read_run
 
 from . import plots
 
@@ -37,97 +33,11 @@ COMMIT_COLOURS = {  # RGB; the same colours as the docs' figures (reference/comm
 COMMIT_LABELS = {COMMIT_AR: "plain AR", COMMIT_ACCEPTED: "accepted draft", COMMIT_RESAMPLED: "resampled / corrected",
                  COMMIT_BONUS: "bonus", COMMIT_RELAXED: "relaxed (CSD)"}
 SPECULATED = (COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED)  # committed without a forward of their own
-IMAGE_COLS = ["prompt_id", "prompt", "seed", "image", "width", "height"]
-
-
-# ------------------------------------------------------------------------------------------- reading
-
-def committed_files(out: Output, damaged: list = ()) -> tuple[list[dict], dict[int, dict]]:
-    """[{shard, images_url, stats_url}] of the committed shards but the `damaged` ones (flows.verify), and their
-    markers ({} if read from the manifest). Raises FileNotFoundError when the URL holds no committed shard."""
-    markers = {int(m["shard"]): m for m in out.iter_markers(skip=frozenset(d.shard for d in damaged))}
-    if markers:
-        files = []
-        for sid in sorted(markers):
-            by_kind = {file_kind(f["path"]): out.path(f["path"]) for f in markers[sid]["files"]}
-            files.append({"shard": sid, "images_url": by_kind.get("images"), "stats_url": by_kind["stats"],
-                          "tar_url": by_kind.get("tar")})
-        return files, markers
-    if out.fs.exists(out.path(MANIFEST)):
-        with out.fs.open(out.path(MANIFEST), "rb") as f:
-            man = pq.read_table(f).to_pylist()
-        if man:
-            return [{"shard": m["shard"], "images_url": m["images_url"], "stats_url": m["stats_url"],
-                     "tar_url": m.get("tar_url")} for m in man], {}
-    raise FileNotFoundError(f"{out.url}: no committed shards (no {MANIFEST} and no shards/*/_SUCCESS.json); "
-                            "nothing to report: is this a run's --out URL, and has a shard finished?")
-
-
-def _read(out: Output, url: str, columns=None) -> pa.Table:
-    fs, path = (out.fs, url) if "://" not in url else _fs_for(url)
-    with fs.open(path, "rb") as f:
-        return pq.read_table(f, columns=columns)
-
-
-def _shard_images(out: Output, f: dict) -> list[dict]:
-    """A committed shard's image rows, from its images Parquet or, in a `--format webdataset` run, its tar."""
-    return _image_rows(out, f["images_url"]) if f["images_url"] else _tar_rows(out, f["tar_url"])
-
-
-def _tar_rows(out: Output, url: str) -> list[dict]:
-    """Image rows from a WebDataset tar (flows.webdataset_shards): KEY.json gives the row, KEY.{png,webp,jpg} the
-    image."""
-    fs, path = (out.fs, url) if "://" not in url else _fs_for(url)
-    rows: dict[str, dict] = {}
-    with fs.open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
-        for m in tar.getmembers():
-            key, ext = m.name.rsplit(".", 1)
-            data = tar.extractfile(m).read()
-            row = rows.setdefault(key, {})
-            if ext == "json":
-                meta = json.loads(data)
-                row |= {c: meta.get(c) for c in IMAGE_COLS if c != "image"}
-            elif ext != "txt":
-                row["image"] = data
-    return [rows[k] for k in sorted(rows)]
-
-
-def _image_rows(out: Output, url: str) -> list[dict]:
-    """A shard's image rows with `image` as the encoded bytes (or None)."""
-    fs, path = (out.fs, url) if "://" not in url else _fs_for(url)
-    with fs.open(path, "rb") as f:
-        rows = pq.ParquetFile(f).read(columns=IMAGE_COLS).to_pylist()
-    for r in rows:
-        r["image"] = (r["image"] or {}).get("bytes")
-    return rows
-
-
-def _fs_for(url: str):
-    import fsspec
-    return fsspec.core.url_to_fs(url)
-
-
-def _json(out: Output, name: str) -> dict | None:
-    return out.read_json(name)
 
 
 def load_run(url: str, samples: int = 24) -> dict:
-    """Everything the report shows. Image bytes are kept only for the first `samples` ok images."""
-    out = Output(url)
-    damaged = list(damaged_shards(out))  # left out and named, never read: a report must not abort on them
-    files, markers = committed_files(out, damaged)
-    stats = pa.concat_tables([_read(out, f["stats_url"]) for f in files]).to_pylist()
-    images, kept = [], 0
-    for f in files:
-        for r in _shard_images(out, f):
-            if r["image"] is not None and kept < samples:
-                kept += 1
-            else:
-                r["image"] = None
-            images.append(r)
-    return {"url": url, "files": files, "markers": markers, "stats": stats, "images": images,
-            "summary": _json(out, SUMMARY), "config": _json(out, CONFIG), "damaged": damaged,
-            "plan": out.read_plan()}
+    """Everything the report shows, from the one reader of a run's output (flows.reader.read_run)."""
+    return read_run(url, samples)
 
 
 # ------------------------------------------------------------------------------------------ drawing
@@ -214,10 +124,10 @@ def _cost(run: dict) -> tuple[list[dict], str]:
     if s and s.get("price"):
         return cost_table(s), "from summary.json"
     markers = run["markers"]
-    types = {m.get("device_type") for m in markers.values()}
-    if markers and len(types) == 1 and None not in types:
+    types = {m.device_type for m in markers.values()}
+    if markers and len(types) == 1:
         recs = [markers[k] for k in sorted(markers)]
-        s = run_summary(recs, price_for(types.pop()), wall_s=sum(m["wall_s"] for m in recs))
+        s = run_summary([m.to_dict() for m in recs], price_for(types.pop()), wall_s=sum(m.wall_s for m in recs))
         return cost_table(s), "so far, from the commit markers (this run has no summary.json yet)"
     return [], "no summary.json and no markers with one device type: no cost table"
 

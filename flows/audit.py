@@ -20,7 +20,6 @@ needs the scorer and many more samples than an audit usually holds.
 from __future__ import annotations
 
 import hashlib
-import posixpath
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -82,22 +81,22 @@ def shard_audit(results: list[dict], devices: float) -> tuple[list[dict], dict]:
     return rows, {"rows": len(rows), "seconds": seconds, "device_seconds": seconds * devices}
 
 
-def read_audit(out, committed: dict[int, dict]) -> pa.Table:
-    """The committed audit rows: the audit file each marker names (never an unmarked attempt's)."""
+def read_audit(out, committed: dict) -> pa.Table:
+    """The committed audit rows: the audit file each marker (flows.marker.Marker) names, never an unmarked
+    attempt's."""
     tables = []
     for sid in sorted(committed):
-        for f in committed[sid]["files"]:
-            if posixpath.basename(f["path"]) == AUDIT_FILE:
-                with out.fs.open(out.path(f["path"]), "rb") as fh:
-                    tables.append(pq.read_table(fh).cast(AUDIT_SCHEMA))
+        if (f := committed[sid].file("audit")) is not None:
+            with out.fs.open(out.path(f.path), "rb") as fh:
+                tables.append(pq.read_table(fh).cast(AUDIT_SCHEMA))
     return pa.concat_tables(tables) if tables else AUDIT_SCHEMA.empty_table()
 
 
-def _cost(committed: dict[int, dict], price: Price | None) -> dict:
+def _cost(committed: dict, price: Price | None) -> dict:
     seconds = dev_s = od = 0.0
     spot = None if price is None or price.spot_usd_per_hour is None else 0.0
     for sid, m in committed.items():
-        a = m.get("audit") or {}
+        a = m.audit or {}
         seconds += a.get("seconds", 0.0)
         dev_s += a.get("device_seconds", 0.0)
         if price is not None:
@@ -108,7 +107,7 @@ def _cost(committed: dict[int, dict], price: Price | None) -> dict:
             "usd_on_demand": od if price is not None else None, "usd_spot": spot}
 
 
-def summarize(out, committed: dict[int, dict], fraction: float, tolerance: float, price: Price | None) -> dict:
+def summarize(out, committed: dict, fraction: float, tolerance: float, price: Price | None) -> dict:
     """summary.json's "audit": the NLL gap of the committed audit rows with its 95% interval, and the cost."""
     import numpy as np
     from ssdgen.decoders.fidelity import paired_gap

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 
 from .audit import AUDIT_FILE, audit_table, shard_audit
 from .layout import Output, shard_tables
+from .marker import Marker
 from .ticket import is_transient
 from .webdataset_shards import shard_files
 
@@ -49,7 +50,7 @@ class Commit:
     def __init__(self, cfg, out: Output, guard=None, aborted=lambda: None):
         self.cfg, self.out, self.guard, self.aborted = cfg, out, guard, aborted
 
-    def write(self, job, decoded_at: float) -> tuple[dict | None, float]:
+    def write(self, job, decoded_at: float) -> tuple[Marker | None, float]:
         """Tables, files under a new attempt, marker. Returns (marker, or None when another attempt won the
         commit; seconds from the last batch to the commit)."""
         marker, images, stats, audit_t = shard_marker(job, self.cfg)
@@ -61,7 +62,7 @@ class Commit:
                     raise
                 time.sleep(0.2 * 2 ** attempt_no)
 
-    def _put(self, shard: int, marker: dict, images, stats, audit_t) -> dict | None:
+    def _put(self, shard: int, marker: dict, images, stats, audit_t) -> Marker | None:
         out = self.out
         attempt = out.new_attempt(shard)
         # images.parquet, stats.parquet and/or the WebDataset tar, as --format says
@@ -72,6 +73,6 @@ class Commit:
             raise aborted
         if self.guard is not None:
             self.guard()
-        marker = marker | {"attempt": attempt.rsplit("/", 1)[-1], "files": files,
-                           "finished_at": datetime.now(timezone.utc).isoformat()}
-        return marker if out.commit(shard, marker) else None
+        marker = Marker.from_dict(marker | {"attempt": attempt.rsplit("/", 1)[-1], "files": files,
+                                            "finished_at": datetime.now(timezone.utc).isoformat()})
+        return marker if out.commit(marker) else None

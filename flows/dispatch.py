@@ -24,6 +24,7 @@ from .commit import Commit
 from .events import Abort, Admit, Batch, Probe, Read, Stop, Written
 from .io_pool import IOPool
 from .layout import Output
+from .marker import Marker
 from .plan import Shard
 from .scheduling import Scheduler
 from .ticket import Ticket, is_transient  # noqa: F401 - flows.groups imports both from here
@@ -135,15 +136,15 @@ class Dispatcher:
             job.actor.jobs.remove(job)  # the actor has room again: the next ready shard goes to it now
             self.io.write(job, now)
 
-    def _on_written(self, job: Job, marker: dict | None, write_s: float) -> None:
+    def _on_written(self, job: Job, marker: Marker | None, write_s: float) -> None:
         self.done[job.shard.id] = 1  # ours, or another attempt's that won the commit
         if marker is not None:
             self.commits += 1
-            self.images += marker["ok"]
+            self.images += marker.ok
             self.write_n += 1
             self.write_total += write_s
             self.write_max = max(self.write_max, write_s)
-        self.window.finish(job, images=marker["ok"] if marker else None)
+        self.window.finish(job, images=marker.ok if marker else None)
 
     def _abort(self, exc: BaseException, quiet: bool = False) -> None:
         self.window.abort(exc, quiet)

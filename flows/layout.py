@@ -34,6 +34,7 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .marker import Marker, file_kind  # noqa: F401 (file_kind re-exported)
 from .store import CorruptMarker, Store, StorageError, storage_error as _storage_error  # noqa: F401 (re-exported)
 
 CONFIG, MANIFEST, SUMMARY, MARKER = "_config.json", "manifest.parquet", "summary.json", "_SUCCESS.json"
@@ -150,10 +151,9 @@ class Output(Store):
         self.put(self.path(PLAN), json.dumps(plan, indent=1, sort_keys=True).encode())
 
     # data and commit --------------------------------------------------------------------------------
-    def commit(self, shard: int, marker: dict) -> bool:
+    def commit(self, marker: Marker) -> bool:
         """Write the shard's marker create-only. False if another attempt committed first."""
-        p = posixpath.join(self.shard_dir(shard), MARKER)
-        return self.create(p, json.dumps(marker, indent=1, sort_keys=True).encode())
+        return self.create(posixpath.join(self.shard_dir(marker.shard), MARKER), marker.to_json())
 
     def marker_paths(self) -> list[str]:
         """Every commit marker's path, in shard order (by the id in the path, numerically)."""
@@ -168,7 +168,7 @@ class Output(Store):
                 flags[i] = 1
         return flags
 
-    def iter_markers(self, chunk: int = 512, skip: frozenset = frozenset()) -> Iterator[dict]:
+    def iter_markers(self, chunk: int = 512, skip: frozenset = frozenset()) -> Iterator[Marker]:
         """The commit markers in shard order, read `chunk` at a time: memory is one chunk, not the run. Shards in
         `skip` (found damaged, flows.verify) are left out."""
         paths = [p for p in self.marker_paths() if _shard_of(p) not in skip]
@@ -177,12 +177,9 @@ class Output(Store):
             for p in sorted(data, key=_shard_of):
                 yield self.parse_marker(p, data[p])
 
-    def parse_marker(self, path: str, data: bytes) -> dict:
+    def parse_marker(self, path: str, data: bytes) -> Marker:
         try:
-            m = json.loads(data)
-            if not isinstance(m, dict) or not {"shard", "files"} <= m.keys():
-                raise ValueError("not a commit marker")
-            return m
+            return Marker.from_json(data)
         except ValueError as e:
             err = CorruptMarker(f"{self.full_url(path)}: corrupt commit marker ({e}); `ssdgen verify "
                                 f"{self.url}` lists the damage, and the same generate re-decodes the shard")
@@ -195,11 +192,11 @@ class Output(Store):
         p = posixpath.join(self.shard_dir(shard), MARKER)
         self.fs.mv(p, posixpath.join(self.shard_dir(shard), f"{DAMAGED}-{uuid.uuid4().hex[:8]}.json"))
 
-    def committed(self) -> dict[int, dict]:
+    def committed(self) -> dict[int, Marker]:
         """shard id -> marker, for every committed shard. Holds them all: for tools and tests, not the flow."""
-        return {int(m["shard"]): m for m in self.iter_markers()}
+        return {m.shard: m for m in self.iter_markers()}
 
-    def gc(self, committed: dict[int, dict] | None = None) -> int:
+    def gc(self, committed: dict[int, Marker] | None = None) -> int:
         """Delete attempt folders of committed shards that their marker does not name (crashed or losing
         attempts). Returns how many. Without `committed`, only shards with more than one attempt folder have
         their marker read: a committed shard's single folder is the one its marker names."""
@@ -216,7 +213,7 @@ class Output(Store):
                 continue
             if marker is None:
                 continue
-            keep = {posixpath.dirname(f["path"]) for f in marker["files"]}
+            keep = {f.attempt_dir for f in marker.files}
             for d in dirs:
                 if posixpath.relpath(d, self.root) not in keep:
                     self.fs.rm(d, recursive=True)
@@ -226,7 +223,7 @@ class Output(Store):
     def manifest_writer(self) -> "ManifestWriter":
         return ManifestWriter(self)
 
-    def write_manifest(self, markers: dict[int, dict] | Iterable[dict]) -> str:
+    def write_manifest(self, markers: dict[int, Marker] | Iterable[Marker]) -> str:
         """One row per committed shard, from a dict (shard -> marker) or a stream of markers in shard order."""
         if isinstance(markers, dict):
             markers = (m for _, m in sorted(markers.items()))  # not markers[k]: the name is rebound here
@@ -252,7 +249,7 @@ class ManifestWriter:
         self.writer = pq.ParquetWriter(self.buf, MANIFEST_SCHEMA, compression="zstd")
         self.rows: list[dict] = []
 
-    def add(self, m: dict) -> None:
+    def add(self, m: Marker) -> None:
         self.rows.append(manifest_row(self.out, m))
         if len(self.rows) >= self.BATCH:
             self._flush()
@@ -271,19 +268,17 @@ class ManifestWriter:
         return self.out.full_url(p)
 
 
-def manifest_row(out: Output, m: dict) -> dict:
+def manifest_row(out: Output, m: Marker) -> dict:
     """A committed shard's manifest row, from its marker: the URLs and SHA-256 of the files it names. A file
     the run does not write (images without Parquet output, audit without --audit, tar without WebDataset
     output) is null."""
-    files = {file_kind(f["path"]): f for f in m["files"]}
-
     def url(kind):
-        return out.full_url(out.path(files[kind]["path"])) if kind in files else None
+        return out.full_url(out.path(f.path)) if (f := m.file(kind)) else None
 
     def sha(kind):
-        return files[kind]["sha256"] if kind in files else None
+        return f.sha256 if (f := m.file(kind)) else None
 
-    return {"shard": m["shard"], "attempt": m["attempt"], "rows": m["rows"], "ok": m["ok"], "failed": m["failed"],
+    return {"shard": m.shard, "attempt": m.attempt, "rows": m.rows, "ok": m.ok, "failed": m.failed,
             "images_url": url("images"), "stats_url": url("stats"), "images_sha256": sha("images"),
             "stats_sha256": sha("stats"), "audit_url": url("audit"), "tar_url": url("tar"), "tar_sha256": sha("tar")}
 
@@ -309,12 +304,6 @@ def _changed_input(old: list[dict], new: list[dict]) -> str | None:
             return i["url"]
     gone = set(before) - {i["url"] for i in new}
     return min(gone) if gone else None
-
-
-def file_kind(path: str) -> str:
-    """A data file's kind from its name: images, stats, audit (the Parquet stem) or tar ({shard:05d}.tar)."""
-    name = posixpath.basename(path)
-    return "tar" if name.endswith(".tar") else name.split(".")[0]
 
 
 def shard_tables(samples: list[dict], rows: list[dict], decoder: str, model: str,

@@ -43,7 +43,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from tqdm import tqdm
 
-from .audit import AUDIT_FILE, DEFAULT_TOLERANCE, audit_rows
+from .audit import DEFAULT_TOLERANCE, audit_rows
 from .audit import summarize as audit_summary, warning as audit_warning
 from .cost import Price, cost_table, price_for, run_summary
 from . import cluster
@@ -56,6 +56,7 @@ from .layout import CONFIG, SUMMARY, Output, plan_words
 from .lease import LEASE_DIR, Lease
 from .prepare import Prepared, check_output, clear, describe, output_size, prepare
 from .verify import damaged_shards, set_aside
+from .reader import MarkerFold
 from .plan import ShardPlan, read_shard
 
 # How long a shard waits for its actor's restart. After a node loss the restart waits for free resources: an
@@ -186,34 +187,6 @@ def _run_pending(cfg: GenerateConfig, prep: Prepared, progress: bool, t0: float,
             "interrupted": stop.interrupted}
 
 
-class _Fold:
-    """One streamed pass over the committed markers (flows.layout.Output.iter_markers) feeds the cost summary,
-    the manifest, the failure counts and the audit's index: no marker is held after it is read."""
-
-    MAX_ERRORS = 10_000  # distinct error messages kept; the rarest are dropped beyond it
-
-    def __init__(self, out: Output, audit: bool, manifest: bool = True, skip: frozenset = frozenset()):
-        self.out, self.audit, self.skip = out, {} if audit else None, skip
-        self.manifest = out.manifest_writer() if manifest else None
-        self.errors: Counter = Counter()
-        self.wall_s = 0.0
-        self.device_types: set = set()
-
-    def markers(self):
-        for m in self.out.iter_markers(skip=self.skip):
-            if self.manifest is not None:
-                self.manifest.add(m)
-            self.errors.update(m.get("errors", {}))
-            if len(self.errors) > self.MAX_ERRORS:
-                self.errors = Counter(dict(self.errors.most_common(self.MAX_ERRORS // 2)))
-            self.wall_s += m["wall_s"]
-            self.device_types.add(m["device_type"])
-            if self.audit is not None:  # what flows.audit reads: the audit file and the audit seconds
-                self.audit[int(m["shard"])] = {"files": [f for f in m["files"] if f["path"].endswith(AUDIT_FILE)],
-                                               "audit": m.get("audit")}
-            yield m
-
-
 def _audit(cfg: GenerateConfig, out: Output, committed: dict, price: Price) -> dict | None:
     """The audit of every committed shard (this run's and earlier ones'), read back from storage; logged."""
     if cfg.audit <= 0:
@@ -293,8 +266,8 @@ def _summarize(cfg: GenerateConfig, prep: Prepared, ran: dict, wall: float) -> d
     run's own work and wall time (each images/s labelled by what it divides)."""
     out, plan, failed = prep.out, prep.plan, ran["failed"]
     removed = out.gc()
-    fold = _Fold(out, audit=cfg.audit > 0)
-    summary = run_summary(fold.markers(), prep.price, wall)
+    fold = MarkerFold(out, audit=cfg.audit > 0)
+    summary = run_summary((m.to_dict() for m in fold.markers()), prep.price, wall)
     manifest = fold.manifest.close()
     summary["images_this_run"] = ran["images"]
     summary["images_per_s"] = ran["images"] / wall if wall > 0 else None
@@ -347,14 +320,14 @@ def run_status(url: str, deep: bool = False) -> dict:
     recorded = out.read_json(SUMMARY) or {}
     failed = {int(k): v for k, v in recorded.get("shards_failed", {}).items() if int(k) < n_shards and not done[int(k)]}
     bad = frozenset(d.shard for d in damaged)
-    fold = _Fold(out, audit=bool(conf.get("audit")), manifest=False, skip=bad)
+    fold = MarkerFold(out, audit=bool(conf.get("audit")), manifest=False, skip=bad)
     ok = n_failed = 0
     for m in fold.markers():
-        ok, n_failed = ok + m["ok"], n_failed + m["failed"]
+        ok, n_failed = ok + m.ok, n_failed + m.failed
     cost = price = None
     if len(fold.device_types) == 1:  # a second pass, only for a run on one device type
         price = price_for(fold.device_types.pop())
-        cost = run_summary(out.iter_markers(skip=bad), price, wall_s=fold.wall_s)
+        cost = run_summary((m.to_dict() for m in out.iter_markers(skip=bad)), price, wall_s=fold.wall_s)
     audit = None
     if conf.get("audit"):
         audit = audit_summary(out, fold.audit, conf["audit"], conf.get("audit_tolerance", DEFAULT_TOLERANCE), price)

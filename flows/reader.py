@@ -21,8 +21,9 @@ the tars (`committed_shards(url)["tar_url"]`, or `export`).
 
 from __future__ import annotations
 
-import hashlib
-import posixpath
+import json
+import tarfile
+from collections import Counter
 
 import fsspec
 import pyarrow as pa
@@ -30,11 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from ssdgen.flows.layout import IMAGES_SCHEMA, MANIFEST, MANIFEST_SCHEMA, STATS_SCHEMA, Output, manifest_row
-from ssdgen.flows.webdataset_shards import index_digits, shard_tar
-
-EXPORT_FORMATS = ("parquet", "webdataset")
-CHUNK = 8 * 2**20  # bytes per read while copying a file
+from .layout import CONFIG, IMAGES_SCHEMA, MANIFEST, MANIFEST_SCHEMA, STATS_SCHEMA, SUMMARY, Output, manifest_row
 
 
 def committed_shards(url: str, fresh: bool = False) -> pa.Table:
@@ -71,10 +68,10 @@ def open_run(url: str, columns: list[str] | None = None, fresh: bool = False) ->
         return [n for n in schema.names if n == "prompt_id" or (n not in skip and (columns is None or n in columns))]
 
     img_cols = wanted(IMAGES_SCHEMA) if images_urls else []
-    stats = _read(out, man.column("stats_url").to_pylist(), STATS_SCHEMA, wanted(STATS_SCHEMA, skip=img_cols))
+    stats = read_columns(out, man.column("stats_url").to_pylist(), STATS_SCHEMA, wanted(STATS_SCHEMA, skip=img_cols))
     if not images_urls:  # --format webdataset alone: the images are in the tars
         return ds.dataset(stats)
-    images = _read(out, images_urls, IMAGES_SCHEMA, img_cols)
+    images = read_columns(out, images_urls, IMAGES_SCHEMA, img_cols)
     # a left join that keeps the images' order: every image row takes the stats row with its prompt_id
     at = pc.index_in(images.column("prompt_id"), value_set=stats.column("prompt_id"))
     matched = stats.drop_columns(["prompt_id"]).take(at)
@@ -82,7 +79,7 @@ def open_run(url: str, columns: list[str] | None = None, fresh: bool = False) ->
                                            names=images.column_names + matched.column_names))
 
 
-def _read(out: Output, urls: list[str], schema: pa.Schema, names: list[str]) -> pa.Table:
+def read_columns(out: Output, urls: list[str], schema: pa.Schema, names: list[str]) -> pa.Table:
     """Columns `names` of the Parquet files at `urls`, in order. The schema is the project's, so a file from
     before a column existed reads it as nulls."""
     paths = [fsspec.core.split_protocol(u)[1] for u in urls]
@@ -90,67 +87,86 @@ def _read(out: Output, urls: list[str], schema: pa.Schema, names: list[str]) -> 
     return ds.dataset(paths, schema=sub, format="parquet", filesystem=out.fs).to_table()
 
 
-def export(url: str, to: str, fmt: str = "parquet", fresh: bool = False) -> dict:
-    """Copy the committed files of the run at `url` into a flat folder `to` (any fsspec URL) for a loader:
+IMAGE_COLS = ["prompt_id", "prompt", "seed", "image", "width", "height"]
 
-        parquet     TO/images/{shard:05d}.parquet, TO/stats/{shard:05d}.parquet
-        webdataset  TO/{shard:05d}.tar, TO/{shard:05d}.parquet (the statistics sidecar, as img2dataset writes)
 
-    Each copy is checked against the SHA-256 in its marker. A run without tars (--format parquet) gets them
-    built from its Parquet, as the flow would have written them. Returns {"shards", "files", "bytes", "to"}."""
-    if fmt not in EXPORT_FORMATS:
-        raise ValueError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
-    src, dst = Output(url), Output(to)
-    man = committed_shards(url, fresh).to_pylist()
+def shard_images(out: Output, row: dict) -> list[dict]:
+    """A committed shard's image rows (IMAGE_COLS, `image` as the encoded bytes or None), from its images
+    Parquet or, in a `--format webdataset` run, its tar. `row` is its committed_shards row."""
+    if row["images_url"]:
+        with out.fs.open(fsspec.core.split_protocol(row["images_url"])[1], "rb") as f:
+            rows = pq.ParquetFile(f).read(columns=IMAGE_COLS).to_pylist()
+        for r in rows:
+            r["image"] = (r["image"] or {}).get("bytes")
+        return rows
+    by_key: dict[str, dict] = {}  # the tar (flows.webdataset_shards): KEY.json the row, KEY.{png,webp,jpg} the image
+    with out.fs.open(fsspec.core.split_protocol(row["tar_url"])[1], "rb") as f, \
+            tarfile.open(fileobj=f, mode="r:") as tar:
+        for m in tar.getmembers():
+            key, ext = m.name.rsplit(".", 1)
+            data = tar.extractfile(m).read()
+            r = by_key.setdefault(key, {})
+            if ext == "json":
+                meta = json.loads(data)
+                r |= {c: meta.get(c) for c in IMAGE_COLS if c != "image"}
+            elif ext != "txt":
+                r["image"] = data
+    return [by_key[k] for k in sorted(by_key)]
+
+
+def read_run(url: str, samples: int = 24) -> dict:
+    """Everything a report of the run shows, read as `open_run` reads: the committed shards but the damaged ones
+    (left out and named, never read), their statistics, their image rows (bytes kept for the first `samples` ok
+    images only), their markers, the summary, config and plan. Raises FileNotFoundError with no committed shard."""
+    from .verify import damaged_shards
+    out = Output(url)
+    damaged = list(damaged_shards(out))
+    markers = {m.shard: m for m in out.iter_markers(skip=frozenset(d.shard for d in damaged))}
+    try:  # no markers: a copy of the run that kept its manifest
+        man = [manifest_row(out, markers[k]) for k in sorted(markers)] if markers else committed_shards(url).to_pylist()
+    except FileNotFoundError:
+        man = []
     if not man:
-        raise FileNotFoundError(f"{url}: no committed shards yet")
-    sizes, digits = [], index_digits(src.read_config()["shard_size"])
-    for m in man:
-        name = f"{m['shard']:05d}"
-        if fmt == "parquet":
-            if m["images_url"] is None:
-                raise ValueError(f"{url}: shard {m['shard']} has no images Parquet (the run wrote --format "
-                                 "webdataset); export it with --format webdataset")
-            sizes.append(_copy(src, m["images_url"], m["images_sha256"], dst, dst.path("images", f"{name}.parquet")))
-            sizes.append(_copy(src, m["stats_url"], m["stats_sha256"], dst, dst.path("stats", f"{name}.parquet")))
-            continue
-        if m["tar_url"] is not None:
-            sizes.append(_copy(src, m["tar_url"], m["tar_sha256"], dst, dst.path(f"{name}.tar")))
-        else:
-            sizes.append(_build_tar(src, m, digits, dst, dst.path(f"{name}.tar")))
-        sizes.append(_copy(src, m["stats_url"], m["stats_sha256"], dst, dst.path(f"{name}.parquet")))
-    return {"shards": len(man), "files": len(sizes), "bytes": sum(sizes), "to": to}
+        raise FileNotFoundError(f"{out.url}: no committed shards (no {MANIFEST} and no shards/*/_SUCCESS.json); "
+                                "nothing to report: is this a run's --out URL, and has a shard finished?")
+    stats = read_columns(out, [r["stats_url"] for r in man], STATS_SCHEMA, STATS_SCHEMA.names).to_pylist()
+    images, kept = [], 0
+    for r in man:
+        for im in shard_images(out, r):
+            keep = im["image"] is not None and kept < samples
+            kept += keep
+            images.append(im if keep else im | {"image": None})
+    return {"url": url, "files": man, "markers": markers, "stats": stats, "images": images,
+            "summary": out.read_json(SUMMARY), "config": out.read_json(CONFIG), "damaged": damaged,
+            "plan": out.read_plan()}
 
 
-def _copy(src: Output, url: str, sha256: str | None, dst: Output, path: str) -> int:
-    """Stream one file across file systems (a tar may be a gigabyte), checking its SHA-256; returns its size."""
-    h, n = hashlib.sha256(), 0
-    _parent(dst, path)
-    with src.fs.open(fsspec.core.split_protocol(url)[1], "rb") as r, dst.fs.open(path, "wb") as w:
-        while chunk := r.read(CHUNK):
-            h.update(chunk)
-            w.write(chunk)
-            n += len(chunk)
-    if sha256 is not None and h.hexdigest() != sha256:
-        dst.fs.rm(path)
-        raise OSError(f"{url}: its SHA-256 differs from its commit marker's; the file changed after the commit")
-    return n
+class MarkerFold:
+    """One streamed pass over the committed markers (flows.layout.Output.iter_markers) feeds the cost summary,
+    the manifest, the failure counts and the audit's index (shard -> marker, with --audit): no other marker is
+    held after it is read. The run's end and `ssdgen status` fold the same way."""
+
+    MAX_ERRORS = 10_000  # distinct error messages kept; the rarest are dropped beyond it
+
+    def __init__(self, out: Output, audit: bool, manifest: bool = True, skip: frozenset = frozenset()):
+        self.out, self.audit, self.skip = out, {} if audit else None, skip
+        self.manifest = out.manifest_writer() if manifest else None
+        self.errors: Counter = Counter()
+        self.wall_s = 0.0
+        self.device_types: set = set()
+
+    def markers(self):
+        for m in self.out.iter_markers(skip=self.skip):
+            if self.manifest is not None:
+                self.manifest.add(m)
+            self.errors.update(m.errors)
+            if len(self.errors) > self.MAX_ERRORS:
+                self.errors = Counter(dict(self.errors.most_common(self.MAX_ERRORS // 2)))
+            self.wall_s += m.wall_s
+            self.device_types.add(m.device_type)
+            if self.audit is not None:  # what flows.audit reads: the audit file and the audit seconds
+                self.audit[m.shard] = m
+            yield m
 
 
-def _build_tar(src: Output, m: dict, digits: int, dst: Output, path: str) -> int:
-    """A committed Parquet shard's tar, built as the flow builds it (flows.webdataset_shards.shard_tar)."""
-    images = _read(src, [m["images_url"]], IMAGES_SCHEMA, IMAGES_SCHEMA.names)
-    stats = _read(src, [m["stats_url"]], STATS_SCHEMA, STATS_SCHEMA.names)
-    data, _ = shard_tar(int(m["shard"]), images, stats, digits)
-    _parent(dst, path)
-    dst.fs.pipe_file(path, data)
-    return len(data)
-
-
-def _parent(out: Output, path: str) -> None:
-    """A local destination needs its folders; object stores have none (and must not get buckets made)."""
-    if out.protocol in ("file", "local"):
-        out.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-
-
-__all__ = ["open_run", "export", "committed_shards"]
+__all__ = ["open_run", "committed_shards", "read_run", "shard_images", "MarkerFold"]

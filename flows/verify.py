@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from .layout import MARKER, CorruptMarker, Output, _shard_of
+from .marker import FileRecord
 
 
 @dataclass(frozen=True)
@@ -41,24 +42,24 @@ def _listing(out: Output) -> dict[str, dict]:
         return {}
 
 
-def _check_file(out: Output, rec: dict, info: dict | None, deep: bool) -> str | None:
+def _check_file(out: Output, rec: FileRecord, info: dict | None, deep: bool) -> str | None:
     """What is wrong with one file the marker names, or None."""
     if info is None:
         return "missing"
-    if rec.get("bytes") is not None and int(info.get("size", -1)) != rec["bytes"]:
-        return f"{info.get('size')} bytes, the marker says {rec['bytes']}"
+    if int(info.get("size", -1)) != rec.bytes:
+        return f"{info.get('size')} bytes, the marker says {rec.bytes}"
     etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
-    if rec.get("md5") and etag and "-" not in etag and etag != rec["md5"]:  # "-N": a multipart upload's ETag
+    if rec.md5 and etag and "-" not in etag and etag != rec.md5:  # "-N": a multipart upload's ETag
         return "its ETag differs from the MD5 the marker recorded: the object was rewritten"
     # a local file rewritten since its commit has another mtime; so has an honest copy of the run (cp without
     # -p), so a changed mtime only sends the file to the SHA-256 check
-    touched = rec.get("mtime") is not None and info.get("mtime") is not None and info["mtime"] != rec["mtime"]
+    touched = rec.mtime is not None and info.get("mtime") is not None and info["mtime"] != rec.mtime
     if deep or touched:
         h = hashlib.sha256()
-        with out.fs.open(out.path(rec["path"]), "rb") as f:
+        with out.fs.open(out.path(rec.path), "rb") as f:
             while chunk := f.read(8 * 2**20):
                 h.update(chunk)
-        if h.hexdigest() != rec["sha256"]:
+        if h.hexdigest() != rec.sha256:
             return "its SHA-256 differs from the marker's: the content changed after the commit"
     return None
 
@@ -76,10 +77,10 @@ def damaged_shards(out: Output, deep: bool = False) -> Iterator[Damage]:
             except CorruptMarker as e:
                 yield Damage(_shard_of(p), out.full_url(p), e.reason)
                 continue
-            for rec in m["files"]:
-                path = out.path(rec["path"])
+            for rec in m.files:
+                path = out.path(rec.path)
                 if (problem := _check_file(out, rec, listing.get(path), deep)) is not None:
-                    yield Damage(int(m["shard"]), out.full_url(path), problem)
+                    yield Damage(m.shard, out.full_url(path), problem)
                     break
 
 

@@ -10,6 +10,7 @@ import pytest
 from pipeline_helpers import eval_rows, write_parquet
 
 from ssdgen.flows.audit import AUDIT_FILE, audit_table, is_audited, mark_rows, summarize, warning
+from ssdgen.flows.marker import Marker
 
 
 def test_selection_is_deterministic_and_takes_about_the_fraction():
@@ -61,8 +62,8 @@ def test_audit_settings_are_recorded_whether_or_not_auditing():
 def _commit(out, shard, rows, seconds):
     attempt = out.new_attempt(shard)
     f = out.write_table(f"{attempt}/{AUDIT_FILE}", audit_table(rows, "csd"))
-    out.commit(shard, {"shard": shard, "files": [f], "audit": {"rows": len(rows), "seconds": seconds,
-                                                                "device_seconds": 2 * seconds}})
+    out.commit(Marker.from_dict({"shard": shard, "files": [f], "audit": {"rows": len(rows), "seconds": seconds,
+                                                                         "device_seconds": 2 * seconds}}))
     return attempt
 
 
@@ -100,10 +101,10 @@ def _audit_files(fs, out):
     o = Output(out)
     counts, files = {}, []
     for m in o.committed().values():
-        for f in m["files"]:
-            if f["path"].endswith(AUDIT_FILE):
-                files.append((f["path"], f["sha256"]))
-                for pid in pq.read_table(fs.open(o.path(f["path"]), "rb")).column("prompt_id").to_pylist():
+        for f in m.files:
+            if f.path.endswith(AUDIT_FILE):
+                files.append((f.path, f.sha256))
+                for pid in pq.read_table(fs.open(o.path(f.path), "rb")).column("prompt_id").to_pylist():
                     counts[pid] = counts.get(pid, 0) + 1
     return counts, sorted(files)
 

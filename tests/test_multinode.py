@@ -126,8 +126,8 @@ def test_actors_are_placed_by_their_gpus(cluster, tmp_path):
     s = _run(prompts=[str(src)], out=str(tmp_path / "run"), actors=3, shard_size=2, batch_size=2)
     assert s["images_ok"] == 6 and s["shards_committed"] == 3 and s["reconciles"]
     markers = _markers(tmp_path / "run")
-    assert {ids.get(m["node_id"]) for m in markers.values()} <= {"gpu1", "gpu2"}
-    assert all(m["devices"] == 1.0 and m["device_type"] == "l4" for m in markers.values())
+    assert {ids.get(m.node_id) for m in markers.values()} <= {"gpu1", "gpu2"}
+    assert all(m.devices == 1.0 and m.device_type == "l4" for m in markers.values())
     assert sorted(_committed_ids(tmp_path / "run")) == expected
 
 
@@ -179,7 +179,7 @@ def test_run_survives_losing_a_worker_node(cluster, tmp_path, monkeypatch):
 
 def _check_the_loss(markers: dict, batches: list, victim_id: str, replacement_id: str, removed_at: datetime):
     """What the pipeline guarantees about the lost node, from the commit markers and the spied batch results."""
-    after = [m for m in markers.values() if _at(m["finished_at"]) > removed_at]
+    after = [m for m in markers.values() if _at(m.finished_at) > removed_at]
     assert after, "every shard committed before the node was removed; nothing was tested"
     # Besides every prompt exactly once (the caller checks it): a marker's node_id is the node of the actor
     # whose result the driver handled last for that shard (flows/window.py `Job.take`, called from the
@@ -194,9 +194,9 @@ def _check_the_loss(markers: dict, batches: list, victim_id: str, replacement_id
     assert any(gen for _, gen, _ in batches), "no batch was resubmitted after the death: nothing was tested"
     assert [b for b in batches if b[1] and b[2] == victim_id] == [], "the removed node decoded resubmitted work"
     for m in markers.values():
-        if m["node_id"] == victim_id:  # all its batches decoded there, before the death was seen
-            assert sum(b == (m["shard"], 0, victim_id) for b in batches) >= m["batches"], m
+        if m.node_id == victim_id:  # all its batches decoded there, before the death was seen
+            assert sum(b == (m.shard, 0, victim_id) for b in batches) >= m.batches, m
     # the lost actor was restarted on the replacement node and committed work there; a model load is charged to
     # the first shard of each actor incarnation, so 3 actors + at least 1 restart = at least 4 shards with one
-    assert replacement_id in {m["node_id"] for m in after}
-    assert sum(m["load_s"] > 0 for m in markers.values()) >= 4
+    assert replacement_id in {m.node_id for m in after}
+    assert sum(m.load_s > 0 for m in markers.values()) >= 4

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from pipeline_helpers import eval_rows, write_parquet
 
+from ssdgen.flows.marker import Marker
+
 MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "webp": b"RIFF", "jpeg": b"\xff\xd8\xff"}
 
 
@@ -136,7 +138,7 @@ def test_cli_output_with_other_settings_one_error_line(tmp_path):
         with_identities(list_inputs([str(src)])))  # the CLI's default decoder, so only the image format differs
     Output(str(out)).write_config(old, replacing=False)  # an earlier run's settings: webp
     # a committed (empty) shard: settings are pinned only once one is (a run that committed nothing may change)
-    Output(str(out)).commit(0, {"shard": 0, "files": [], "rows": 0, "ok": 0, "failed": 0})
+    Output(str(out)).commit(Marker.from_dict({"shard": 0, "files": [], "rows": 0, "ok": 0, "failed": 0}))
     r = _cli("--prompts", str(src), "--out", str(out), "--shard-size", "256", home=tmp_path / "prefect")
     _assert_one_error_line(r, "other settings", "(image_format, quality differ", "image_format was 'webp', now 'png'")
     assert sorted(p.name for p in out.iterdir()) == ["_config.json", "shards"]  # nothing more written

@@ -42,7 +42,7 @@ def test_s3_run_with_killed_actors_and_failed_writes_commits_each_prompt_once_wi
     assert png_a == png_b  # byte-identical despite 3 actor deaths and 5 storage errors
     assert set(stats.column("status").to_pylist()) == {"ok"}
     # restarted incarnations of the killed actors decoded shards that committed
-    pids = {m["actor_pid"] for m in Output("s3://ssdgen-test/faulty").committed().values()}
+    pids = {m.actor_pid for m in Output("s3://ssdgen-test/faulty").committed().values()}
     assert pids - killer.originals, (pids, killer.originals, killer.killed)
     # no uncommitted attempt survives the run's garbage collection
     assert len(s3.glob("ssdgen-test/faulty/shards/*/attempt-*")) == 8

@@ -18,6 +18,7 @@ import pytest
 
 from ssdgen.flows.inputs import InputFile, list_inputs
 from ssdgen.flows.plan import RowGroupCache, ShardPlan, plan_shards, read_shard
+from ssdgen.flows.marker import Marker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,9 +61,9 @@ def _commit(out, shard: int, attempts: int = 1) -> None:
     for _ in range(attempts):  # earlier attempts lose: only the last commits
         a = out.new_attempt(shard)
         files = [out.write_table(f"{a}/images.parquet", images), out.write_table(f"{a}/stats.parquet", stats)]
-    out.commit(shard, {"shard": shard, "attempt": a.rsplit("/", 1)[-1], "files": files, "rows": 1, "ok": 1,
-                       "failed": 0, "wall_s": 1.0, "busy_s": 0.5, "load_s": 0.0, "devices": 1.0,
-                       "device_seconds_allocated": 1.0, "device_seconds_busy": 0.5, "device_type": "cpu"})
+    out.commit(Marker.from_dict({"shard": shard, "attempt": a.rsplit("/", 1)[-1], "files": files, "rows": 1,
+                                 "ok": 1, "failed": 0, "wall_s": 1.0, "busy_s": 0.5, "load_s": 0.0, "devices": 1.0,
+                                 "device_seconds_allocated": 1.0, "device_seconds_busy": 0.5, "device_type": "cpu"}))
 
 
 def test_markers_stream_into_ids_summary_manifest_and_gc(tmp_path):
@@ -73,9 +74,9 @@ def test_markers_stream_into_ids_summary_manifest_and_gc(tmp_path):
         _commit(out, s, attempts=2 if s == 3 else 1)
     out.new_attempt(5)  # a folder name only; an uncommitted shard's attempts stay for its retry
     assert list(out.committed_ids(12)) == [1, 0, 1, 1] + [0] * 7 + [1]
-    assert [m["shard"] for m in out.iter_markers(chunk=3)] == [0, 2, 3, 11]
-    streamed = run_summary(out.iter_markers(chunk=2), price_for("cpu"), 10.0)
-    assert streamed == run_summary(list(out.committed().values()), price_for("cpu"), 10.0)
+    assert [m.shard for m in out.iter_markers(chunk=3)] == [0, 2, 3, 11]
+    streamed = run_summary((m.to_dict() for m in out.iter_markers(chunk=2)), price_for("cpu"), 10.0)
+    assert streamed == run_summary([m.to_dict() for m in out.committed().values()], price_for("cpu"), 10.0)
     assert streamed["shards"] == 4 and streamed["reconciles"]
     url = out.write_manifest(out.iter_markers(chunk=2))
     man = pq.read_table(url.removeprefix("file://")).to_pylist()

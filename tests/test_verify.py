@@ -4,12 +4,13 @@ import json
 
 from ssdgen.flows.layout import Output
 from ssdgen.flows.verify import damaged_shards
+from ssdgen.flows.marker import Marker
 
 
 def _commit(out: Output, shard: int, data: bytes) -> dict:
     attempt = out.new_attempt(shard)
     rec = out.write_bytes(f"{attempt}/stats.parquet", data, rows=1)
-    out.commit(shard, {"shard": shard, "files": [rec], "rows": 1, "ok": 1, "failed": 0})
+    out.commit(Marker.from_dict({"shard": shard, "files": [rec], "rows": 1, "ok": 1, "failed": 0}))
     return rec
 
 

@@ -11,6 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from pipeline_helpers import eval_rows, run_flow, write_parquet
 
+from ssdgen.flows.marker import Marker
+
 
 def _tables(shard, n=3, fmt="webp", failed=(2,)):
     """A shard's images and stats tables as the flow builds them: n prompts, the ones in `failed` error rows."""
@@ -53,8 +55,8 @@ def _commit(out, shard, fmt="both", attempt=None):
     images, stats = _tables(shard)
     attempt = attempt or out.new_attempt(shard)
     files = shard_files(out, attempt, shard, images, stats, fmt, shard_size=4)
-    assert out.commit(shard, {"shard": shard, "attempt": attempt.rsplit("/", 1)[-1], "files": files, "rows": 3,
-                              "ok": 2, "failed": 1})
+    assert out.commit(Marker.from_dict({"shard": shard, "attempt": attempt.rsplit("/", 1)[-1], "files": files,
+                                        "rows": 3, "ok": 2, "failed": 1}))
     return attempt
 
 

@@ -214,7 +214,7 @@ def export(url: str = typer.Argument(..., help="a run's output URL (local path, 
                                                   "(TO/{shard:05d}.tar + TO/{shard:05d}.parquet)"),
            fresh: bool = typer.Option(False, help="read the commit markers, not manifest.parquet (a run going on)")):
     """Copy a run's committed shards (only those) into a flat folder a data loader can take."""
-    from ssdgen.flows.reader import export as export_run
+    from ssdgen.flows.export import export as export_run
     r = export_run(url, to, output_format, fresh=fresh)
     typer.echo(f"exported {r['shards']} committed shards ({r['files']} files, {r['bytes'] / 2**20:.1f} MiB) "
                f"to {r['to']}")

@@ -1,0 +1,97 @@
+"""A shard's commit marker as a typed record: what `_SUCCESS.json` holds, written once (flows.commit) and read by
+everything that trusts a shard as done (resume, verify, the manifest, cost, audit, the reader and the report).
+
+On storage it is JSON (sorted keys, so the bytes of one marker are stable); in memory it is a frozen `Marker`
+whose `files` are `FileRecord`s. A marker that is not JSON, lacks `shard` or `files`, or has a field of the wrong
+kind fails `from_json` with a ValueError naming what is wrong; the layout turns that into `CorruptMarker` with
+the marker's URL (flows.layout).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import asdict, dataclass, field, fields
+
+
+def file_kind(path: str) -> str:
+    """A data file's kind from its name: images, stats, audit (the Parquet stem) or tar ({shard:05d}.tar)."""
+    name = posixpath.basename(path)
+    return "tar" if name.endswith(".tar") else name.split(".")[0]
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One file a marker names, as flows.store.Store.write_bytes recorded it."""
+
+    path: str  # relative to the run's root
+    rows: int
+    bytes: int
+    sha256: str
+    md5: str | None = None  # what an S3 ETag is for a single-part PUT (flows.verify's cheap check)
+    mtime: float | None = None  # a local file's, at the commit
+
+    @property
+    def kind(self) -> str:
+        return file_kind(self.path)
+
+    @property
+    def attempt_dir(self) -> str:
+        return posixpath.dirname(self.path)
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A committed shard: its files and its accounting (flows.cost's shard record: ok, failed, wall_s, busy_s,
+    load_s, devices, device_seconds_allocated, device_seconds_busy)."""
+
+    shard: int
+    files: tuple[FileRecord, ...]
+    attempt: str = ""
+    rows: int = 0
+    ok: int = 0
+    failed: int = 0
+    errors: dict = field(default_factory=dict)  # message -> count, the 10 most common
+    wall_s: float = 0.0
+    busy_s: float = 0.0
+    load_s: float = 0.0
+    devices: float = 1.0
+    device_type: str = "cpu"
+    device_seconds_allocated: float = 0.0
+    device_seconds_busy: float = 0.0
+    started_at: float | None = None
+    finished_at: str | None = None
+    actor_pid: int | None = None
+    node_id: str | None = None
+    device: str | None = None
+    batches: int = 0
+    audit: dict | None = None  # with --audit: {rows, seconds, device_seconds} (flows.audit)
+
+    def file(self, kind: str) -> FileRecord | None:
+        """The file of a kind (images, stats, audit, tar), or None when the run does not write it."""
+        return next((f for f in self.files if f.kind == kind), None)
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"files": [asdict(f) for f in self.files]}
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Marker":
+        if not isinstance(d, dict) or not {"shard", "files"} <= d.keys():
+            raise ValueError("not a commit marker (no shard or files)")
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}")
+        if not isinstance(d["shard"], int) or not isinstance(d["files"], list):
+            raise ValueError("shard must be an integer and files a list")
+        try:
+            files = tuple(FileRecord(**f) for f in d["files"])
+        except TypeError as e:
+            raise ValueError(f"a file record is malformed ({e})") from None
+        return cls(**(d | {"files": files}))
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "Marker":
+        return cls.from_dict(json.loads(data))

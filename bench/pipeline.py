@@ -26,7 +26,7 @@ def run(n: int = 128, decoder: str = "ar", batch_size: int = 16, threads: int = 
     from ssdgen.decoders import run as run_spec
     from ssdgen.decoders.spec import DecodeSpec
     from ssdgen.flows.inputs import derive_seed
-    from ssdgen.flows.pipeline import generate
+    from ssdgen.flows.pipeline import RunSettings, generate
     from ssdgen.reference.prompts import eval_prompts
     from ssdgen.models.registry import load_model
 
@@ -50,8 +50,8 @@ def run(n: int = 128, decoder: str = "ar", batch_size: int = 16, threads: int = 
            "bare_seconds": bare_s, "bare_images_per_s": n / bare_s}
     for label in ("cold_prefect", "warm_prefect"):
         t0 = time.perf_counter()
-        s = generate(prompts=[str(src)], out=str(work / label), decoder=str(spec), batch_size=batch_size,
-                     shard_size=shard_size, actors=1, cpus_per_actor=float(threads), progress=False)
+        s = generate(RunSettings(prompts=[str(src)], out=str(work / label), decoder=spec, batch_size=batch_size,
+                                 shard_size=shard_size, actors=1, cpus_per_actor=float(threads)), progress=False)
         wall = time.perf_counter() - t0
         assert s["images_ok"] == n, s
         out[label] = {"seconds": wall, "images_per_s": n / wall, "ratio_vs_bare": (n / wall) / (n / bare_s),

@@ -155,7 +155,7 @@ def run(n: int = 200_000, shard_size: int = 10, actors: int = 2, batch_size: int
         plot: str | None = None, workdir: str | None = None, keep: bool = False, sample_s: float = 0.5,
         log=print) -> dict:
     import shutil
-    from ssdgen.flows.pipeline import generate
+    from ssdgen.flows.pipeline import RunSettings, generate
     if n < 1 or shard_size < 1 or actors < 1 or batch_size < 1:
         raise ValueError("--n, --shard-size, --actors and --batch-size must be >= 1")
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ssdgen-bench-scale-"))
@@ -165,8 +165,8 @@ def run(n: int = 200_000, shard_size: int = 10, actors: int = 2, batch_size: int
         log(f"{n} prompts, shard size {shard_size}, {actors} actor(s), tiny model at {model}")
         sampler = RssSampler(sample_s).start()
         t_start = time.perf_counter() - sampler.t0
-        summary = generate(prompts=[str(prompts)], out=str(work / "run"), model=f"reference:{model}",
-                           decoder=decoder, shard_size=shard_size, batch_size=batch_size, actors=actors,
+        summary = generate(RunSettings(prompts=[str(prompts)], out=str(work / "run"), model=f"reference:{model}",
+                                       decoder=decoder, shard_size=shard_size, batch_size=batch_size, actors=actors),
                            progress=False)
         t_end = time.perf_counter() - sampler.t0
         time.sleep(sample_s)  # one more sample after the flow, then stop

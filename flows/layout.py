@@ -131,7 +131,7 @@ class Output(Store):
             return (f"{changed}: this input changed since the run at {self.url} started ({CONFIG} recorded other "
                     "content); resuming would mix old and new prompts. Restore it, use a new --out, or --overwrite")
         k = diff[0]
-        # a key one side lacks: the run was recorded by another ssdgen version (GenerateConfig.recorded)
+        # a key one side lacks: the run was recorded by another ssdgen version (RunSettings.recorded)
         was, now = (repr(d[k]) if k in d else "not recorded" for d in (old, config))
         return (f"{self.full_url(p)}: this output holds a run with other settings ({', '.join(diff)} differ; "
                 f"{k} was {was}, now {now}); use a new --out, the same settings to resume, or --overwrite")
@@ -143,11 +143,13 @@ class Output(Store):
         return conf
 
     def read_plan(self) -> dict | None:
-        """The run's decode plan (decoders/calibrate.py), or None before one is made."""
+        """A calibrated decoder's resolution, {"spec": the concrete spec's text, "measurements": {...}}
+        (decoders/calibrate.py `resolve`), or None before one is made."""
         return self.read_json(PLAN)
 
     def write_plan(self, plan: dict) -> None:
-        """Record the plan before any shard decodes with it: a resume reads it back instead of re-measuring."""
+        """Record the resolution before any shard decodes by it: a resume reads it back instead of re-measuring,
+        and its spec text alone reproduces the run's tokens."""
         self.put(self.path(PLAN), json.dumps(plan, indent=1, sort_keys=True).encode())
 
     # data and commit --------------------------------------------------------------------------------
@@ -284,16 +286,20 @@ def manifest_row(out: Output, m: Marker) -> dict:
 
 
 def plan_words(plan: dict | None) -> str | None:
-    """What a calibrated decoder's plan decided, in words (console, status, report); None without a plan."""
+    """What a calibrated decoder's resolution decided, in words (console, status, report); None without one.
+    plan: the record (_plan.json: spec and measurements) or summary.json's view of it (rows, batch, measured)."""
     if plan is None:
         return None
-    at = f" at batch {plan['batch']}" if plan.get("batch") else ""
-    timed = plan.get("measured") or {}
+    from ssdgen.decoders.spec import DecodeSpec, speculative_rows  # torch-free: the spec and its settings
+    m = plan.get("measurements", plan)
+    rows = int(plan["rows"]) if "rows" in plan else speculative_rows(DecodeSpec.parse(plan["spec"]))
+    at = f" at batch {m['batch']}" if m.get("batch") else ""
+    timed = m.get("measured") or {}
     why = ", ".join(f"{'plain AR' if k == '0' else k + ' row(s)'} {v:.2f}" for k, v in sorted(timed.items())) \
         + " images/s" if timed else "the cost curve left one choice, not timed"
-    if int(plan["rows"]) == 0:
+    if rows == 0:
         return f"decoded as plain AR: faster on this device{at} ({why})"
-    return f"speculating {plan['rows']} row(s) ahead: the fastest choice on this device{at} ({why})"
+    return f"speculating {rows} row(s) ahead: the fastest choice on this device{at} ({why})"
 
 
 def _changed_input(old: list[dict], new: list[dict]) -> str | None:

@@ -18,7 +18,7 @@ from .inputs import InputFile, check_unique_prompt_ids, list_inputs, with_identi
 from .layout import CONFIG, Output, StorageError
 from .lease import Lease
 from .plan import ShardPlan
-from .settings import GenerateConfig
+from .settings import RunSettings
 from .verify import Damage, damaged_shards
 
 _GLOB = "*?["
@@ -26,7 +26,7 @@ _GLOB = "*?["
 
 @dataclass
 class Prepared:
-    cfg: GenerateConfig
+    cfg: RunSettings
     price: Price
     files: list[InputFile]
     plan: ShardPlan
@@ -44,7 +44,7 @@ class Prepared:
         return len(self.done) - self.pending
 
 
-def check_output(cfg: GenerateConfig) -> Output:
+def check_output(cfg: RunSettings) -> Output:
     """The output URL is usable: not a file, in a bucket that exists (never created for the user), and not
     inside a --prompts folder (the run would list its own files as prompts)."""
     try:
@@ -76,10 +76,10 @@ def _is_file(fs, path: str) -> bool:
     return not any(c in path for c in _GLOB) and fs.isfile(path)
 
 
-def prepare(cfg: GenerateConfig, overwrite: bool = False, leased: bool = False) -> Prepared:
+def prepare(cfg: RunSettings, overwrite: bool = False, leased: bool = False) -> Prepared:
     """Check everything and read the run's state; raises ValueError / InputError / StorageError with one line.
     `leased`: the caller holds the output's lease (the flow), so it is not asked who holds it."""
-    price = cfg.validate()
+    price = cfg.check()
     out = check_output(cfg)
     if not leased:
         Lease(out).check_free()  # a second driver on this output is refused before it starts anything

@@ -1,12 +1,17 @@
-"""The run's settings: one frozen `GenerateConfig`, parsed at the edge (the CLI, or the flow's parameters for a
-deployment) and passed whole. `validate` checks every value before anything starts; `recorded` is what
-`_config.json` pins once a shard commits (the settings that decide the images, and the inputs' identities).
+"""The run's settings: one frozen pydantic `RunSettings`, the flow's one parameter. The CLI builds it once from
+its options (ssdgen/cli/options.py makes `generate`'s and `serve`'s options from these fields, help included);
+a deployment passes it nested (`settings:` in infra/prefect.yaml), and Prefect validates it and renders it as a
+form. The decode spec is parsed once, by the field's validator, and travels as its canonical text. `check` tests
+every value against the rest before anything starts; `recorded` is what `_config.json` pins once a shard commits
+(the settings that decide the images, and the inputs' identities); the worker gets `worker_spec()`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
 
 from ssdgen.decoders.spec import DecodeSpec
 
@@ -16,30 +21,56 @@ from .inputs import InputFile
 from .webdataset_shards import check_format
 
 
-@dataclass(frozen=True)
-class GenerateConfig:
-    """Run settings, parsed at the edge (CLI or flow parameters)."""
-    prompts: tuple[str, ...]
-    out: str = "out"
-    model: str = "reference"
-    decoder: DecodeSpec = field(default_factory=DecodeSpec)  # decoder, its parameters, sampling, heads
-    seed: int = 0
-    shard_size: int = 256
-    batch_size: int = 16
-    actors: int = 2
-    cpus_per_actor: float = 1.0
-    gpus_per_actor: float = 0.0
-    device_type: str = "cpu"
-    ray_address: str | None = None
-    cluster_limit: str | None = None  # a Prefect global concurrency limit; the run holds `cluster_slots` of it
-    audit: float = 0.0  # fraction of prompts also decoded with `ar` to measure the NLL gap (0 = no audit)
-    audit_tolerance: float = DEFAULT_TOLERANCE
-    image_format: str = "png"  # png | webp | jpeg, encoded on the actors (workers.decode_worker.encode_image)
-    quality: int = 90  # webp/jpeg only
-    format: str = "parquet"  # parquet | webdataset | both: the shard's data files (flows/webdataset_shards.py)
-    dtype: str = "auto"  # the model's precision on the actors (models/registry.py; auto: bf16 for HF on a GPU)
+def _spec(value) -> DecodeSpec:
+    return value if isinstance(value, DecodeSpec) else DecodeSpec.parse(str(value))
 
-    def validate(self) -> Price:
+
+# a decode spec: text such as `ssd+csd:rows=2:cfg=3` on the way in, its canonical text on the way out
+Spec = Annotated[DecodeSpec, BeforeValidator(_spec), PlainSerializer(str, return_type=str),
+                 WithJsonSchema({"type": "string", "default": "ssd+csd"})]
+
+
+def _option(default, help: str, flag: str | None = None):
+    """A setting's default and help, the same for the CLI option (`flag`, else --the-name) and Prefect's form.
+    Defaults are validated too: the decode spec's is its text."""
+    return Field(default, description=help, json_schema_extra={"flag": flag} if flag else None, validate_default=True)
+
+
+class RunSettings(BaseModel):
+    """Every setting of a run, parsed once at the edge and passed whole."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    prompts: tuple[str, ...] = _option(..., "Parquet file, prefix or glob at any fsspec URL; repeatable")
+    out: str = _option("out/run", "output URL (local path, s3://, gs://, ...); `{date}` becomes a scheduled "
+                                  "run's date")
+    model: str = _option("reference", "model: reference (default), reference:/bundle, janus:/ckpt, "
+                                      "emu3:/ckpt[:grid=RxC|:image_area=N], chameleon:/ckpt[:grid=RxC]")
+    decoder: Spec = _option("ssd+csd", "decode spec FAMILY[:key=value...], e.g. ar, sjd, "
+                            "csd:lam=0.5, ssd+csd:rows=2 (`ssdgen decoders` lists them); the default ssd+csd "
+                            "decides once per run whether and how far to speculate on this device (_plan.json)")
+    seed: int = _option(0, "run seed; a row's own `seed` column wins")
+    shard_size: int = _option(256, "rows per shard")
+    batch_size: int = _option(16, "prompts per decoder call")
+    actors: int = _option(2, "Ray actors (each loads the model once)")
+    cpus_per_actor: float = _option(1.0, "Ray num_cpus per actor (= torch threads on CPU)")
+    gpus_per_actor: float = _option(0.0, "Ray num_gpus per actor (0 on CPU)")
+    device_type: str = _option("cpu", "price row in infra/prices.csv (cpu, l4, h100, ...)")
+    ray_address: str | None = _option(None, "attach to a Ray cluster (default: RAY_ADDRESS, else a local Ray)")
+    cluster_limit: str | None = _option(None, "Prefect global concurrency limit to hold a slot of per GPU (per "
+                                              "actor on CPUs)")
+    audit: float = _option(0.0, "also decode this fraction of the prompts (chosen by prompt_id) with ar and report "
+                                "the NLL gap to it in summary.json; 0 = no audit")
+    audit_tolerance: float = _option(DEFAULT_TOLERANCE, "allowed |NLL gap| of the audit, nats/token (95% interval)")
+    image_format: str = _option("png", "encoding of the stored images: png (lossless), webp or jpeg")
+    quality: int = _option(90, "webp/jpeg quality, 1..100 (png ignores it)")
+    format: str = _option("parquet", "output files per shard: parquet (images + stats Parquet), webdataset "
+                                     "(img2dataset-style tar + stats Parquet) or both")
+    dtype: str = _option("auto", "model precision: fp32, bf16, fp16 (GPU only) or auto (fp32 on the CPU; on a GPU "
+                                 "bf16 for Hugging Face checkpoints, fp32 for the reference model)")
+
+    def check(self) -> Price:
+        """Every value against the others and the price table; the run's price."""
         from ssdgen.workers.decode_worker import check_image_format
         from ssdgen.models.registry import check_dtype, check_model_spec
         if not self.prompts:
@@ -76,12 +107,6 @@ class GenerateConfig:
     @property
     def threads(self) -> int:
         return max(1, int(self.cpus_per_actor))
-
-    def parameters(self) -> dict:
-        """The flow's parameters (flows.pipeline.generate) for these settings: the deployment's edge, where the
-        decode spec travels as its canonical text."""
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {"prompts": list(self.prompts),
-                                                                          "decoder": str(self.decoder)}
 
     def worker_spec(self) -> dict:
         return {"model": self.model, "decode": self.decoder.to_dict(), "threads": self.threads,

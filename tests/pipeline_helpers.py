@@ -37,8 +37,8 @@ def committed_tables(out_url):
     return pa.concat_tables(images), pa.concat_tables(stats)
 
 
-def run_flow(**kw):
-    """The generate flow with small test defaults (ar, 2 actors, no progress bar); kw override them."""
-    from ssdgen.flows.pipeline import generate
-    base = dict(decoder="ar", batch_size=16, shard_size=32, actors=2, progress=False)
-    return generate(**(base | kw))
+def run_flow(progress: bool = False, overwrite: bool = False, **kw):
+    """The generate flow with small test settings (ar, 2 actors, no progress bar); kw override them."""
+    from ssdgen.flows.pipeline import RunSettings, generate
+    base = dict(decoder="ar", batch_size=16, shard_size=32, actors=2)
+    return generate(RunSettings(**(base | kw)), progress=progress, overwrite=overwrite)

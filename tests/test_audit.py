@@ -39,9 +39,9 @@ def test_mark_rows_skips_bad_rows_and_gives_the_reference_seed():
     (1.5, 0.15, "--audit must be a fraction in [0, 1]"), (-0.1, 0.15, "--audit must"),
     (float("nan"), 0.15, "--audit must"), (0.1, 0.0, "--audit-tolerance")])
 def test_bad_audit_settings_are_refused(audit, tolerance, message):
-    from ssdgen.flows.pipeline import GenerateConfig
+    from ssdgen.flows.pipeline import RunSettings
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        GenerateConfig(prompts=("x",), audit=audit, audit_tolerance=tolerance).validate()
+        RunSettings(prompts=("x",), audit=audit, audit_tolerance=tolerance).check()
 
 
 @pytest.mark.parametrize("command", ["generate", "serve"])
@@ -52,10 +52,10 @@ def test_cli_refuses_a_bad_fraction_in_one_line(command):
 
 
 def test_audit_settings_are_recorded_whether_or_not_auditing():
-    from ssdgen.flows.pipeline import GenerateConfig
-    off = GenerateConfig(prompts=("x",)).recorded([])
-    assert (off["audit"], off["audit_tolerance"]) == (0.0, GenerateConfig.audit_tolerance)
-    rec = GenerateConfig(prompts=("x",), audit=0.05, audit_tolerance=0.2).recorded([])
+    from ssdgen.flows.pipeline import RunSettings
+    off = RunSettings(prompts=("x",)).recorded([])
+    assert (off["audit"], off["audit_tolerance"]) == (0.0, RunSettings.model_fields["audit_tolerance"].default)
+    rec = RunSettings(prompts=("x",), audit=0.05, audit_tolerance=0.2).recorded([])
     assert rec == off | {"audit": 0.05, "audit_tolerance": 0.2}
 
 

@@ -119,7 +119,8 @@ def test_ssdgen_serve_deployment_runs_on_request(tmp_path):
                        "--batch-size", "2", "--cluster-limit", "ssdgen-test-serve"], _env(), tmp_path / "serve.log")
     try:
         dep = _wait_for_deployment("ssdgen-generate/test-serve", proc)
-        assert dep.parameters["cluster_limit"] == "ssdgen-test-serve" and dep.parameters["actors"] == 1
+        settings = dep.parameters["settings"]  # one nested parameter, as infra/prefect.yaml passes it
+        assert settings["cluster_limit"] == "ssdgen-test-serve" and settings["actors"] == 1
         with get_client(sync_client=True) as c:
             scheds = c.read_deployment_schedules(dep.id)
         assert [s.schedule.cron for s in scheds] == [cron]
@@ -244,7 +245,7 @@ def test_infra_prefect_yaml_deploys_and_runs_on_a_process_worker(tmp_path):
     _prefect("work-pool", "create", pool, "--type", "process", "--overwrite", env=env)
     # SSDGEN_REPO unset: resolved at run time
     _prefect("deploy", "--all", "--prefect-file", "infra/prefect.yaml", env=env)
-    limit = dep_spec["parameters"].get("cluster_limit")
+    limit = dep_spec["parameters"]["settings"].get("cluster_limit")
     if limit:
         _ensure_gcl(limit, 8)  # `prefect gcl create ssdgen-gpus --limit 8`
     name = f"ssdgen-generate/{dep_spec['name']}"
@@ -258,17 +259,20 @@ def test_infra_prefect_yaml_deploys_and_runs_on_a_process_worker(tmp_path):
     worker = Background([str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process"],
                         _env(SSDGEN_REPO=str(ROOT)), tmp_path / "worker.log")
     try:
-        params = {"prompts": [str(src)], "out": str(out), "decoder": "ar", "shard_size": 2, "batch_size": 2,
-                  "actors": 1, "cpus_per_actor": 1.0, "gpus_per_actor": 0.0, "device_type": "cpu"}
+        # the deployment's settings with the test's inputs and a CPU's resources: a whole `settings` replaces the
+        # deployment's (Prefect merges parameters at the top level only)
+        params = {"settings": dep_spec["parameters"]["settings"] | {
+            "prompts": [str(src)], "out": str(out), "decoder": "ar", "shard_size": 2, "batch_size": 2, "actors": 1,
+            "cpus_per_actor": 1.0, "gpus_per_actor": 0.0, "device_type": "cpu"}}
         fr, _ = _run_and_check(name, worker, out, expected, parameters=params)
-        assert fr.parameters["cluster_limit"] == limit  # the deployment's own value, not overridden
+        assert fr.parameters["settings"]["cluster_limit"] == limit  # the deployment's own value, kept
     finally:
         worker.stop()
 
 
 def test_cluster_limit_holds_slots_while_actors_run(tmp_path, local_ray):
     from prefect.client.orchestration import get_client
-    from ssdgen.flows.pipeline import generate
+    from ssdgen.flows.pipeline import RunSettings, generate
     _ensure_gcl("ssdgen-test-cap", 3)
     src = tmp_path / "p.parquet"
     expected = _write_prompts(src, 4)
@@ -276,8 +280,9 @@ def test_cluster_limit_holds_slots_while_actors_run(tmp_path, local_ray):
 
     def run():
         try:
-            result["s"] = generate(prompts=[str(src)], out=str(tmp_path / "run"), decoder="ar", actors=2,
-                                   shard_size=2, batch_size=2, progress=False, cluster_limit="ssdgen-test-cap")
+            result["s"] = generate(RunSettings(prompts=[str(src)], out=str(tmp_path / "run"), decoder="ar", actors=2,
+                                               shard_size=2, batch_size=2, cluster_limit="ssdgen-test-cap"),
+                                   progress=False)
         except BaseException as e:  # noqa: BLE001
             result["e"] = e
 
@@ -295,16 +300,16 @@ def test_cluster_limit_holds_slots_while_actors_run(tmp_path, local_ray):
 
 
 def test_an_unknown_cluster_limit_fails_the_run_before_any_work(tmp_path):
-    from ssdgen.flows.pipeline import GenerateConfig, generate
+    from ssdgen.flows.pipeline import RunSettings, generate
     src = tmp_path / "p.parquet"
     _write_prompts(src, 2)
     with pytest.raises(Exception, match="no-such-limit.*must be created") as e:
-        generate(prompts=[str(src)], out=str(tmp_path / "run"), actors=1, shard_size=2, batch_size=2,
-                 progress=False, cluster_limit="no-such-limit")
+        generate(RunSettings(prompts=[str(src)], out=str(tmp_path / "run"), actors=1, shard_size=2, batch_size=2,
+                             cluster_limit="no-such-limit"), progress=False)
     assert type(e.value).__name__ == "ConcurrencySlotAcquisitionError"
     assert not (tmp_path / "run" / "shards").exists()
     # slots: the GPUs the actors hold, rounded up; one per actor without GPUs
-    slots = lambda **kw: GenerateConfig(prompts=("x",), **kw).cluster_slots  # noqa: E731
+    slots = lambda **kw: RunSettings(prompts=("x",), **kw).cluster_slots  # noqa: E731
     assert slots(actors=4, gpus_per_actor=1.0, device_type="l4") == 4
     assert slots(actors=3, gpus_per_actor=0.5, device_type="l4") == 2
     assert slots(actors=3) == 3

@@ -102,11 +102,11 @@ def test_ray_cluster_launcher_config_has_head_and_l4_workers():
 
 def test_prefect_entrypoint_loads_and_parameters_match_the_flow_signature(monkeypatch):
     from prefect.flows import load_flow_from_entrypoint
-    from ssdgen.flows.pipeline import GenerateConfig, generate
+    from ssdgen.flows.pipeline import RunSettings, generate
     sig = inspect.signature(generate.fn)
-    # every flow parameter is a run setting (or the progress bar, or --overwrite's action): none exists for the
-    # tests alone
-    assert set(sig.parameters) <= set(inspect.signature(GenerateConfig).parameters) | {"progress", "overwrite"}
+    # the run's settings are one parameter (and the progress bar, and --overwrite's action): none for tests alone
+    assert set(sig.parameters) == {"settings", "progress", "overwrite"}
+    assert sig.parameters["settings"].annotation in (RunSettings, "RunSettings")
     required = {n for n, p in sig.parameters.items() if p.default is inspect.Parameter.empty}
     monkeypatch.chdir(ROOT)  # deployments load the entrypoint relative to the repository root
     # Prefect puts the entrypoint's folder (flows/) on sys.path: undo it, or later tests would import
@@ -120,14 +120,9 @@ def test_prefect_entrypoint_loads_and_parameters_match_the_flow_signature(monkey
         unknown = set(params) - set(sig.parameters)
         assert not unknown, f"deployment {dep['name']}: parameters the flow does not take: {sorted(unknown)}"
         assert required <= set(params), f"deployment {dep['name']}: missing {sorted(required - set(params))}"
-        # the values themselves pass the flow's own validation (decoder, model spec, device type vs GPUs)
-        cfg_keys = set(inspect.signature(GenerateConfig).parameters)
-        kw = {k: v for k, v in params.items() if k in cfg_keys}
-        kw["prompts"] = tuple(kw["prompts"])
-        if "decoder" in kw:  # the flow parses its decode spec at its edge, as here
-            from ssdgen.decoders.spec import DecodeSpec
-            kw["decoder"] = DecodeSpec.parse(kw["decoder"])
-        GenerateConfig(**kw).validate()
+        # the values pass the settings' own validation (types, unknown keys, the decode spec) and their checks
+        # against each other (model spec, device type vs GPUs), as the flow validates them
+        RunSettings.model_validate(params["settings"]).check()
 
 
 def test_prefect_schedules_parse_and_templates_are_ones_prefect_resolves():
@@ -195,10 +190,10 @@ def test_dockerfile_installs_the_project_as_the_makefile_does_for_runtime():
 def test_prices_load_and_cover_every_device_type_the_deployments_use():
     from ssdgen.flows.cost import load_prices
     prices = load_prices(INFRA / "prices.csv")
-    used = {dep["parameters"].get("device_type", "cpu") for dep in _deployments()}
+    used = {dep["parameters"]["settings"].get("device_type", "cpu") for dep in _deployments()}
     assert used <= set(prices), used - set(prices)
     for dep in _deployments():
-        p = dep["parameters"]
+        p = dep["parameters"]["settings"]
         gpu = prices[p.get("device_type", "cpu")].unit == "gpu"
         assert gpu == (float(p.get("gpus_per_actor", 0)) > 0), dep["name"]
 
@@ -227,13 +222,12 @@ def test_every_deployments_actor_fits_a_gpu_worker_pod_and_the_pool_fits_the_gro
     """An actor must fit on one node, or it waits forever (flows/cluster.py): each deployment's per-actor CPUs
     and GPUs within what one GPU worker pod gives Ray, and its actors within the group's `maxReplicas` pods.
     Memory: the actors request none from Ray (flows/pipeline.py `_actors`), so the pod's memory is never short."""
-    from ssdgen.flows.pipeline import generate
+    from ssdgen.flows.settings import RunSettings
     (rc,) = [d for d in yaml.safe_load_all((INFRA / "kuberay-raycluster.yaml").read_text()) if d]
     groups = [g for g in rc["spec"]["workerGroupSpecs"] if _ray_resources(g)["GPU"] > 0]
     assert groups, "no GPU worker group"
-    defaults = {n: p.default for n, p in inspect.signature(generate.fn).parameters.items()}
     for dep in _deployments():
-        p = defaults | dep["parameters"]
+        p = RunSettings.model_validate(dep["parameters"]["settings"]).model_dump()
         need = {"CPU": float(p["cpus_per_actor"]), "GPU": float(p["gpus_per_actor"]), "memory": 0.0}
         fits = [g for g in groups if all(need[k] <= _ray_resources(g)[k] for k in need)]
         shapes = {g["groupName"]: _ray_resources(g) for g in groups}

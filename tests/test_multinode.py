@@ -99,16 +99,16 @@ def _spy_batches(monkeypatch) -> list[tuple[int, int, str | None]]:
 
 
 def _run(**kw):
-    from ssdgen.flows.pipeline import generate
-    base = dict(decoder="ar", progress=False, gpus_per_actor=1.0, cpus_per_actor=0.5, device_type="l4")
-    return generate(**(base | kw))
+    from ssdgen.flows.pipeline import RunSettings, generate
+    base = dict(decoder="ar", gpus_per_actor=1.0, cpus_per_actor=0.5, device_type="l4")
+    return generate(RunSettings(**(base | kw)), progress=False)
 
 
 def test_actors_are_placed_by_their_gpus(cluster, tmp_path):
     import ray
-    from ssdgen.flows.pipeline import GenerateConfig, _actors
+    from ssdgen.flows.pipeline import RunSettings, _actors
     ids = {n.node_id: name for name, n in cluster.named.items()}
-    cfg = GenerateConfig(prompts=("x",), actors=3, gpus_per_actor=1.0, cpus_per_actor=0.5, device_type="l4")
+    cfg = RunSettings(prompts=("x",), actors=3, gpus_per_actor=1.0, cpus_per_actor=0.5, device_type="l4")
     actors = _actors(cfg)  # the flow's own actor construction
     try:
         infos = ray.get([a.info.remote() for a in actors])

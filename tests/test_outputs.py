@@ -86,12 +86,12 @@ def test_plain_readers_need_no_project_code(tmp_path):
 
 def test_image_format_and_quality_are_recorded_settings():
     from ssdgen.flows.inputs import InputFile
-    from ssdgen.flows.pipeline import GenerateConfig
+    from ssdgen.flows.pipeline import RunSettings
     files = [InputFile("file:///x.parquet", 3, (3,), 100, True, False)]
-    png = GenerateConfig(prompts=("x",)).recorded(files)
+    png = RunSettings(prompts=("x",)).recorded(files)
     assert (png["image_format"], png["quality"]) == ("png", None)  # png ignores the quality: null, not 90
-    assert GenerateConfig(prompts=("x",), quality=50).recorded(files) == png  # so another one resumes
-    webp = GenerateConfig(prompts=("x",), image_format="webp", quality=80).recorded(files)
+    assert RunSettings(prompts=("x",), quality=50).recorded(files) == png  # so another one resumes
+    webp = RunSettings(prompts=("x",), image_format="webp", quality=80).recorded(files)
     assert webp == png | {"image_format": "webp", "quality": 80}
 
 
@@ -129,12 +129,12 @@ def test_cli_duplicate_ids_across_files_one_error_line(tmp_path):
 def test_cli_output_with_other_settings_one_error_line(tmp_path):
     from ssdgen.flows.inputs import list_inputs, with_identities
     from ssdgen.flows.layout import Output
-    from ssdgen.flows.pipeline import GenerateConfig
+    from ssdgen.flows.pipeline import RunSettings
     src = tmp_path / "p.parquet"
     write_parquet(None, src, eval_rows(2))
     out = tmp_path / "run"
     from ssdgen.decoders.spec import DecodeSpec
-    old = GenerateConfig(prompts=(str(src),), image_format="webp", decoder=DecodeSpec.parse("ssd+csd")).recorded(
+    old = RunSettings(prompts=(str(src),), image_format="webp", decoder=DecodeSpec.parse("ssd+csd")).recorded(
         with_identities(list_inputs([str(src)])))  # the CLI's default decoder, so only the image format differs
     Output(str(out)).write_config(old, replacing=False)  # an earlier run's settings: webp
     # a committed (empty) shard: settings are pinned only once one is (a run that committed nothing may change)

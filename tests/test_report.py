@@ -32,7 +32,7 @@ SCHEMA = pa.schema([("prompt_id", pa.string()), ("prompt", pa.string()), ("seed"
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, prefect_server):
     import ray
-    from ssdgen.flows.pipeline import generate
+    from ssdgen.flows.pipeline import RunSettings, generate
     from ssdgen.reference.prompts import eval_prompts
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, object_store_memory=256 * 2**20, include_dashboard=False,
@@ -43,8 +43,8 @@ def run(tmp_path_factory, prefect_server):
     rows += [{"prompt_id": "bad", "prompt": "a large red zeppelin at the center on a flat gray background", "seed": 1}]
     pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), d / "prompts.parquet")
     out = str(d / "run")
-    s = generate(prompts=[str(d / "prompts.parquet")], out=out, decoder="csd", batch_size=3, shard_size=3, actors=1,
-                 progress=False)
+    s = generate(RunSettings(prompts=[str(d / "prompts.parquet")], out=out, decoder="csd", batch_size=3,
+                             shard_size=3, actors=1), progress=False)
     assert s["images_ok"] == 5 and s["images_failed"] == 1 and s["shards_committed"] == 2
     html = d / "report.html"
     from ssdgen.bench.report import write_report

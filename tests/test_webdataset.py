@@ -132,13 +132,13 @@ def test_report_reads_the_images_of_a_webdataset_only_run(tmp_path):
 
 def test_format_is_validated_and_recorded():
     from ssdgen.flows.inputs import InputFile
-    from ssdgen.flows.pipeline import GenerateConfig
+    from ssdgen.flows.pipeline import RunSettings
     with pytest.raises(ValueError, match="--format must be one of parquet, webdataset, both"):
-        GenerateConfig(prompts=("x",), format="zip").validate()
+        RunSettings(prompts=("x",), format="zip").check()
     files = [InputFile("file:///x.parquet", 3, (3,), 100, True, False)]
-    base = GenerateConfig(prompts=("x",)).recorded(files)
+    base = RunSettings(prompts=("x",)).recorded(files)
     assert base["format"] == "parquet"  # recorded at its default too
-    assert GenerateConfig(prompts=("x",), format="both").recorded(files) == base | {"format": "both"}
+    assert RunSettings(prompts=("x",), format="both").recorded(files) == base | {"format": "both"}
 
 
 @pytest.mark.usefixtures("prefect_server", "local_ray")

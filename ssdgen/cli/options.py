@@ -143,16 +143,6 @@ CFG = typer.Option(3.0, "--cfg", help="classifier-free guidance scale (1 = off)"
 TOPK = typer.Option(0, "--top-k", help="keep the k most likely tokens (0 = off)")
 MODEL = typer.Option(None, help="model: reference (default), reference:/bundle, janus:/ckpt, "
                                  "emu3:/ckpt[:grid=RxC|:image_area=N], chameleon:/ckpt[:grid=RxC]")
-AUDIT = typer.Option(0.0, "--audit", metavar="FRACTION",
-                     help="also decode this fraction of the prompts (chosen by prompt_id) with ar and report the "
-                          "NLL gap to it in summary.json; 0 = no audit")
-AUDIT_TOL = typer.Option(0.15, "--audit-tolerance", help="allowed |NLL gap| of the audit, nats/token (95% interval)")
-IMAGE_FORMAT = typer.Option("png", "--image-format", help="encoding of the stored images: png (lossless), webp or jpeg")
-QUALITY = typer.Option(90, "--quality", help="webp/jpeg quality, 1..100 (png ignores it)")
-FORMAT = typer.Option("parquet", "--format", help="output files per shard: parquet (images + stats Parquet), "
-                                                  "webdataset (img2dataset-style tar + stats Parquet) or both")
-
-
 DEVICE = typer.Option("cpu", "--device", help="torch device for the model: cpu or cuda[:N]")
 DTYPE = typer.Option("auto", "--dtype", help="model precision: fp32, bf16, fp16 (GPU only) or auto (fp32 on the "
                                             "CPU; on a GPU bf16 for Hugging Face checkpoints, fp32 for the "

@@ -7,42 +7,21 @@ from typing import Optional
 
 import typer
 
-from ssdgen.cli.options import (AUDIT, AUDIT_TOL, DTYPE, FORMAT, IMAGE_FORMAT, MODEL, QUALITY, RUN_DECODER,
-                                flow_console, friendly, spec_of)
+from ssdgen.cli.options import MODEL, RUN_DECODER, flow_console, friendly, spec_of
+from ssdgen.cli.run_options import run_settings
+from ssdgen.flows.settings import RunSettings
 
 app = typer.Typer()
 
 
 @app.command()
 @friendly
-def generate(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or glob at any fsspec URL; repeatable"),
-             out: str = typer.Option("out/run", help="output URL (local path, s3://, gs://, ...)"),
-             decoder: str = RUN_DECODER, model: Optional[str] = MODEL,
-             shard_size: int = typer.Option(256, help="rows per shard"),
-             batch_size: int = typer.Option(16, help="prompts per decoder call"),
-             actors: int = typer.Option(2, help="Ray actors (each loads the model once)"),
-             cpus_per_actor: float = typer.Option(1.0, help="Ray num_cpus per actor (= torch threads on CPU)"),
-             gpus_per_actor: float = typer.Option(0.0, help="Ray num_gpus per actor (0 on CPU)"),
-             device_type: str = typer.Option("cpu", help="price row in infra/prices.csv (cpu, l4, h100, ...)"),
-             ray_address: Optional[str] = typer.Option(None, help="attach to a Ray cluster (default: RAY_ADDRESS, "
-                                                                   "else a local Ray)"),
-             cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit to hold "
-                                                                     "a slot of per GPU (per actor on CPUs)"),
-             seed: int = typer.Option(0, help="run seed; a row's own `seed` column wins"),
-             audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
-             image_format: str = IMAGE_FORMAT, quality: int = QUALITY, output_format: str = FORMAT,
-             dtype: str = DTYPE,
+@run_settings()
+def generate(settings: RunSettings,
              overwrite: bool = typer.Option(False, help="delete what --out holds first (the command says what)"),
              progress: bool = typer.Option(True, help="show a progress bar")):
     """Generate images for Parquet prompts with a Prefect flow on Ray actors; resumable (run it again)."""
-    from ssdgen.flows.settings import GenerateConfig
-    cfg = GenerateConfig(prompts=tuple(prompts), out=out, model=model or "reference", decoder=spec_of(decoder),
-                         seed=seed, shard_size=shard_size, batch_size=batch_size, actors=actors,
-                         cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor, device_type=device_type,
-                         ray_address=ray_address, cluster_limit=cluster_limit, audit=audit,
-                         audit_tolerance=audit_tolerance, image_format=image_format, quality=quality,
-                         format=output_format, dtype=dtype)
-    _run(cfg, overwrite, progress)
+    _run(settings, overwrite, progress)
 
 
 def _run(cfg, overwrite: bool, progress: bool) -> None:
@@ -57,7 +36,7 @@ def _run(cfg, overwrite: bool, progress: bool) -> None:
         return _nothing_to_do(prep)
     from ssdgen.flows.pipeline import generate as flow
     with flow_console():
-        summary = flow(**cfg.parameters(), progress=progress, overwrite=overwrite)
+        summary = flow(cfg, progress=progress, overwrite=overwrite)
     _print_summary(summary)
 
 
@@ -90,35 +69,13 @@ def _print_summary(s: dict) -> None:
 
 @app.command()
 @friendly
-def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or glob; repeatable"),
-          out: str = typer.Option(..., help="output URL; `{date}` becomes the run's scheduled date"),
-          cron: str = typer.Option("0 2 * * *", help="schedule (cron, UTC)"),
-          name: str = typer.Option("nightly", help="the Prefect deployment's name"),
-          decoder: str = RUN_DECODER, model: Optional[str] = MODEL,
-          shard_size: int = typer.Option(256, help="rows per shard"),
-          batch_size: int = typer.Option(16, help="prompts per decoder call"),
-          actors: int = typer.Option(2, help="Ray actors (each loads the model once)"),
-          cpus_per_actor: float = typer.Option(1.0, help="Ray num_cpus per actor (= torch threads on CPU)"),
-          gpus_per_actor: float = typer.Option(0.0, help="Ray num_gpus per actor (0 on CPU)"),
-          device_type: str = typer.Option("cpu", help="price row in infra/prices.csv (cpu, l4, h100, ...)"),
-          ray_address: Optional[str] = typer.Option(None, help="attach to a Ray cluster (default: RAY_ADDRESS, "
-                                                                "else a local Ray)"),
-          cluster_limit: Optional[str] = typer.Option(None, help="Prefect global concurrency limit (see generate)"),
-          seed: int = typer.Option(0, help="run seed; a row's own `seed` column wins"),
-          audit: float = AUDIT, audit_tolerance: float = AUDIT_TOL,
-          image_format: str = IMAGE_FORMAT, quality: int = QUALITY, output_format: str = FORMAT,
-          dtype: str = DTYPE):
+@run_settings(out=None)
+def serve(settings: RunSettings, cron: str = typer.Option("0 2 * * *", help="schedule (cron, UTC)"),
+          name: str = typer.Option("nightly", help="the Prefect deployment's name")):
     """Serve the generation flow as a Prefect deployment on a cron schedule (runs until stopped)."""
-    from ssdgen.flows.pipeline import GenerateConfig, generate as flow
-    spec = spec_of(decoder)
-    params = {"prompts": prompts, "out": out, "model": model or "reference", "decoder": str(spec),
-              "shard_size": shard_size, "batch_size": batch_size, "actors": actors, "cpus_per_actor": cpus_per_actor,
-              "gpus_per_actor": gpus_per_actor, "device_type": device_type, "ray_address": ray_address,
-              "cluster_limit": cluster_limit, "seed": seed,
-              "audit": audit, "audit_tolerance": audit_tolerance, "image_format": image_format, "quality": quality,
-              "format": output_format, "dtype": dtype}
+    from ssdgen.flows.pipeline import generate as flow
     # every setting checked now, as generate checks them, not at 2 a.m. when the first scheduled run starts
-    GenerateConfig(**(params | {"prompts": tuple(prompts), "decoder": spec})).validate()
+    settings.check()
     # Prefect's own test before its "Cannot schedule flows on an ephemeral server" warning (Runner.add_flow):
     # without an API URL the schedule lives in a temporary API that has no scheduler, so it would never fire
     from prefect.settings import PREFECT_API_URL
@@ -132,7 +89,7 @@ def serve(prompts: list[str] = typer.Option(..., help="Parquet file, prefix or g
             why = type(exc).__name__ + "".join(f": {line}" for line in str(exc).splitlines()[:1])  # one line
             raise RuntimeError(f"the Prefect API at PREFECT_API_URL={api} does not answer ({why}); start it with "
                                "'prefect server start'")
-    flow.serve(name=name, cron=cron, parameters=params | {"progress": False})
+    flow.serve(name=name, cron=cron, parameters={"settings": settings.model_dump(mode="json"), "progress": False})
 
 
 @app.command()
@@ -191,10 +148,10 @@ def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: s
     import io
     import numpy as np
     from PIL import Image
-    from ssdgen.flows.settings import GenerateConfig
+    from ssdgen.flows.settings import RunSettings
     from ssdgen.reference.prompts import EXAMPLES_PARQUET
     from ssdgen.flows.reader import open_run
-    cfg = GenerateConfig(prompts=(str(EXAMPLES_PARQUET),), out=str(out / "run"), model=model or "reference",
+    cfg = RunSettings(prompts=(str(EXAMPLES_PARQUET),), out=str(out / "run"), model=model or "reference",
                          decoder=spec_of(decoder), shard_size=4, batch_size=batch_size, actors=actors)
     _run(cfg, overwrite=False, progress=True)  # a second `make demo` finds nothing to do and ends at once
     rows = open_run(str(out / "run"), columns=["image"]).to_table().to_pylist()

@@ -133,8 +133,9 @@ def _cost(run: dict) -> tuple[list[dict], str]:
 
 
 def build_html(run: dict, samples: int = 24) -> str:
-    stats, images = run["stats"], run["images"]
-    st_by_id = {r["prompt_id"]: r for r in stats}
+    """The page: header, plan and damage notes, then one section per part (samples, heatmaps, histograms, cost,
+    failures)."""
+    stats = run["stats"]
     ok = [r for r in stats if r["status"] == "ok"]
     bad = [r for r in stats if r["status"] != "ok"]
     conf = run["config"] or {}
@@ -148,18 +149,30 @@ def build_html(run: dict, samples: int = 24) -> str:
     if run.get("damaged"):
         body.append(f"<p class=\"damaged\">{len(run['damaged'])} damaged shard(s) left out (the same generate "
                     "re-decodes them): " + "; ".join(plots.esc(str(d)) for d in run["damaged"][:10]) + "</p>")
+    shown = [im for im in run["images"] if im["image"] is not None][:samples]
+    body += _samples(shown, len(ok)) + _heatmaps(shown, stats, len(ok)) + _histograms(ok)
+    rows, note = _cost(run)
+    body.append(f"<h2>Cost</h2><p class=\"meta\">{plots.esc(note)}</p>")
+    if rows:
+        body.append(plots.table(rows, [("metric", "metric"), ("value", "value")], left=("metric", "value")))
+    body += _failures(bad, run)
+    return plots.page(f"ssdgen run report: {run['url']}", "\n".join(body), meta)
 
-    shown = [im for im in images if im["image"] is not None][:samples]
-    body.append(f"<h2>Samples ({len(shown)} of {len(ok)})</h2><div class=\"grid\">")
+
+def _samples(shown: list[dict], n_ok: int) -> list[str]:
+    body = [f"<h2>Samples ({len(shown)} of {n_ok})</h2><div class=\"grid\">"]
     for im in shown:
         body.append(_tile(plots.array_png(decode_image(im["image"]), scale=max(1, 192 // max(1, im["width"] or 64))),
                           im["prompt"] or ""))
-    body.append("</div>")
+    return body + ["</div>"]
 
-    body.append("<h2>Acceptance heatmaps</h2>")
-    body.append("<p>Each image, then the same image tinted by how each token was committed (the stored "
-                "<code>commit_map</code>).</p>" + _legend())
-    body.append('<div class="grid">')
+
+def _heatmaps(shown: list[dict], stats: list[dict], n_ok: int) -> list[str]:
+    """Each shown image beside itself tinted by its commit map, and the mean acceptance per token position."""
+    st_by_id = {r["prompt_id"]: r for r in stats}
+    body = ["<h2>Acceptance heatmaps</h2>",
+            "<p>Each image, then the same image tinted by how each token was committed (the stored "
+            "<code>commit_map</code>).</p>" + _legend(), '<div class="grid">']
     n_maps = 0
     for im in shown:
         cm = commit_grid(st_by_id.get(im["prompt_id"], {}))
@@ -176,29 +189,28 @@ def build_html(run: dict, samples: int = 24) -> str:
     body.append("</div>")
     if not n_maps:
         body.append('<p class="note">No commit maps stored for these images.</p>')
-    share = acceptance_by_position(stats)
-    if share is not None:
-        body.append(f"<h3>Mean over all {len(ok)} images</h3>" + plots.img_tag(_position_plot(share), "per token"))
+    if (share := acceptance_by_position(stats)) is not None:
+        body.append(f"<h3>Mean over all {n_ok} images</h3>" + plots.img_tag(_position_plot(share), "per token"))
+    return body
 
+
+def _histograms(ok: list[dict]) -> list[str]:
     fwd = [r["forwards"] for r in ok if r["forwards"] is not None]
     acc = [r["acceptance_rate"] for r in ok]
-    body.append("<h2>Forwards and acceptance</h2><div class=\"grid\">")
-    body.append(plots.img_tag(_hist(fwd, "forwards per image", "forwards (prefill included)", "no ok images")))
-    body.append(plots.img_tag(_hist(acc, "acceptance rate", "accepted drafts / drafts verified",
-                                    "nothing was drafted (plain AR)")))
-    body.append("</div>")
+    return ["<h2>Forwards and acceptance</h2><div class=\"grid\">",
+            plots.img_tag(_hist(fwd, "forwards per image", "forwards (prefill included)", "no ok images")),
+            plots.img_tag(_hist(acc, "acceptance rate", "accepted drafts / drafts verified",
+                                "nothing was drafted (plain AR)")), "</div>"]
 
-    rows, note = _cost(run)
-    body.append(f"<h2>Cost</h2><p class=\"meta\">{plots.esc(note)}</p>")
-    if rows:
-        body.append(plots.table(rows, [("metric", "metric"), ("value", "value")], left=("metric", "value")))
 
-    body.append("<h2>Failures</h2>")
+def _failures(bad: list[dict], run: dict) -> list[str]:
+    """Failed samples by message and one by one; shards that failed to commit."""
+    body = ["<h2>Failures</h2>"]
     failed_shards = (run["summary"] or {}).get("shards_failed") or {}
     if not bad and not failed_shards:
         body.append("<p>None: every sample of every committed shard succeeded.</p>")
     if bad:
-        prompts = {im["prompt_id"]: im["prompt"] for im in images}
+        prompts = {im["prompt_id"]: im["prompt"] for im in run["images"]}
         by_msg: dict[str, int] = {}
         for r in bad:
             by_msg[r["error"] or "?"] = by_msg.get(r["error"] or "?", 0) + 1
@@ -213,7 +225,7 @@ def build_html(run: dict, samples: int = 24) -> str:
         body.append(f"<p class=\"err\">{len(failed_shards)} shards failed (not committed):</p>")
         body.append(plots.table([{"shard": k, "error": v} for k, v in failed_shards.items()],
                                 [("shard", "shard"), ("error", "error")], left=("error",)))
-    return plots.page(f"ssdgen run report: {run['url']}", "\n".join(body), meta)
+    return body
 
 
 def _short(p, n: int = 120):

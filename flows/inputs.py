@@ -281,8 +281,18 @@ def check_unique_prompt_ids(files: list[InputFile], storage_options: dict | None
                              "add a prompt_id column or rename one file")
     if not any(f.has_prompt_id for f in files):
         return
+    table, null_rows = _given_ids(files, storage_options)
+    if table is None:
+        return
+    _check_given_ids(table, files)
+    _check_against_derived(table, files, null_rows)
+
+
+def _given_ids(files: list[InputFile], storage_options: dict | None) -> tuple[pa.Table | None, dict[int, set[int]]]:
+    """Every given prompt_id with its (file index, row), nulls dropped, and the rows whose id is null (they get
+    derived ids too); (None, {}) when no file has a row."""
     ids, owner, rows = [], [], []
-    null_rows: dict[int, set[int]] = {}  # rows whose id is null get derived ids too
+    null_rows: dict[int, set[int]] = {}
     for i, f in enumerate(files):
         if not f.has_prompt_id or f.num_rows == 0:
             continue
@@ -300,24 +310,28 @@ def check_unique_prompt_ids(files: list[InputFile], storage_options: dict | None
         owner.append(np.full(f.num_rows, i, dtype=np.int32))
         rows.append(np.arange(f.num_rows, dtype=np.int64))
     if not ids:
-        return
+        return None, {}
     table = pa.table({"id": pa.chunked_array([c for col in ids for c in col.chunks], pa.large_string()),
                       "file": np.concatenate(owner), "row": np.concatenate(rows)}).drop_null()
+    return table, null_rows
 
-    # Sorting and comparing neighbours is several times faster than hash grouping on millions of ids.
+
+def _check_given_ids(table: pa.Table, files: list[InputFile]) -> None:
+    """The earliest id given twice, with two of its places. Sorting and comparing neighbours is several times
+    faster than hash grouping on millions of ids; filtering keeps file order, so the report is deterministic."""
     ordered = table["id"].take(pc.sort_indices(table["id"])).combine_chunks()
     same = pc.equal(ordered.slice(1), ordered.slice(0, max(len(ordered) - 1, 0)))
     dup_ids = pc.unique(ordered.slice(1).filter(same))
     if len(dup_ids):
-        # Filtering keeps file order, so the report is deterministic: the earliest duplicated id.
         dups = table.filter(pc.is_in(table["id"], value_set=dup_ids))
         first = dups["id"][0].as_py()
-        hits = dups.filter(pc.equal(dups["id"], first)).slice(0, 2).to_pylist()
-        a, b = hits
+        a, b = dups.filter(pc.equal(dups["id"], first)).slice(0, 2).to_pylist()
         raise InputError(f"duplicate prompt_id {first!r}: {files[a['file']].url} row {a['row']} "
                          f"and {files[b['file']].url} row {b['row']}")
 
-    # A given id can still equal an id we derive for a row without one; only pattern matches can.
+
+def _check_against_derived(table: pa.Table, files: list[InputFile], null_rows: dict[int, set[int]]) -> None:
+    """A given id can still equal an id derived for a row without one; only ids of the derived pattern can."""
     derived_owner = {derive_prompt_id(f.url, 0)[:10]: i for i, f in enumerate(files)
                      if not f.has_prompt_id or i in null_rows}
     if not derived_owner:

@@ -29,10 +29,10 @@ import time
 import numpy as np
 import torch
 
-from ssdgen.decoders import calibrate_spec, install_spec_plan, load_heads, run
+from ssdgen.decoders import heads_for, resolve, run
 from ssdgen.decoders.configs import CALIBRATION_PROMPTS
 from ssdgen.decoders.sampling import SamplingConfig
-from ssdgen.decoders.spec import DecodeSpec, common_sampling
+from ssdgen.decoders.spec import DecodeSpec, common_sampling, speculative_rows
 
 
 class ForwardCounter:
@@ -99,8 +99,10 @@ class SpeedTally:
     """One decoder's timings and counts at one batch size, fed batch by batch: `bench` interleaves the decoders
     batch by batch, so a slow spell of the machine falls on every decoder alike and the ratios to `ar` hold."""
 
-    def __init__(self, model, spec: DecodeSpec, batch_size: int):
+    def __init__(self, model, spec: DecodeSpec, batch_size: int, decode_as: DecodeSpec | None = None, heads=None):
+        """spec: the row's; decode_as: what decodes (a calibrated spec's resolution; default spec); heads: its."""
         self.model, self.spec, self.batch_size = model, spec, batch_size
+        self.decode_as, self.heads = decode_as or spec, heads
         self.fc = ForwardCounter(model)
         self.forwards, self.committed, self.latencies, self.accepted = [], [], [], []
         self.batches, self.seconds, self.n = 0, 0.0, 0
@@ -110,7 +112,7 @@ class SpeedTally:
             fc.recording = self.batches == 0  # the first batch's forward shapes, for the shape replay
             _sync(self.model)
             t0 = time.perf_counter()
-            res = run(self.spec, self.model, prompts, seeds)
+            res = run(self.decode_as, self.model, prompts, seeds, self.heads)
             _sync(self.model)
             secs = time.perf_counter() - t0
         self.seconds += secs
@@ -140,9 +142,12 @@ class SpeedTally:
                 "trace": {"batch": min(self.batch_size, n), "forwards": fc.trace}}
 
 
-def speed_rows(model, specs: list[DecodeSpec], prompts: list[str], seeds: list[int], batch_size: int) -> list[dict]:
-    """Every spec over every batch of the prompts, interleaved batch by batch (SpeedTally)."""
-    tallies = [SpeedTally(model, spec, batch_size) for spec in specs]
+def speed_rows(model, specs: list[DecodeSpec], prompts: list[str], seeds: list[int], batch_size: int,
+               resolved: list[DecodeSpec] | None = None, heads: dict | None = None) -> list[dict]:
+    """Every spec over every batch of the prompts, interleaved batch by batch (SpeedTally); resolved: what each
+    spec decodes as (a calibrated one's resolution at this batch size); heads: {spec: its heads}."""
+    resolved, heads = resolved or list(specs), heads or {}
+    tallies = [SpeedTally(model, spec, batch_size, as_, heads.get(spec)) for spec, as_ in zip(specs, resolved)]
     for i in range(0, len(prompts), batch_size):
         for t in tallies:
             t.run_batch(prompts[i:i + batch_size], seeds[i:i + batch_size])
@@ -200,17 +205,15 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
           warmup: bool | None = None, quality_decoders: list[DecodeSpec] | None = None, fidelity_n: int = 0,
           tolerance: float = 0.15) -> dict:
     """`warmup` (default: on CUDA only) decodes one prompt per decoder first, untimed (CUDA/cuBLAS start-up).
-    A device-calibrated spec is calibrated at each batch size first, as a run is once (`plan_rows`,
-    `calibration_s`, `plan_measured` in its row), so the timed batches decode by that plan.
+    A device-calibrated spec is resolved at each batch size first, as a run is once (`plan_rows`, `plan_spec`,
+    `calibration_s`, `plan_measured` in its row), so the timed batches decode by the resolved spec.
     `quality_decoders`: the decoder specs to score for quality (default: all); lossless decoders sample AR's
     distribution by construction (tested exactly and statistically), so a run may spend its time elsewhere."""
     from ssdgen.reference.prompts import eval_prompts
     sc = check_args(specs, batch_sizes)
     dev, price, devices = resolve_device(str(getattr(model, "device", "cpu")), device_type)
     decs = list(specs)
-    for spec in decs:
-        if spec.family.startswith("ssd"):  # missing heads fail now, not after the other decoders ran
-            load_heads(model, spec.heads)
+    heads = {spec: heads_for(spec, model) for spec in decs}  # loaded once; missing heads fail before any decode
     ar = DecodeSpec("ar", (), sc)
     if ar not in decs:
         decs.insert(0, ar)  # speedups are ratios to ar measured in this run
@@ -219,12 +222,14 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
     seeds = [seed * 1_000_003 + r["seed"] for r in rows_]
     if warmup if warmup is not None else dev.type == "cuda":
         for spec in decs:
-            run(spec, model, prompts[:1], seeds[:1])
+            run(resolve(spec, model, prompts[:1], seeds[:1], 1, heads.get(spec))[0], model, prompts[:1], seeds[:1],
+                heads.get(spec))
         _sync(model)
     rows = []
     for bs in batch_sizes:
-        plans = [_calibrate(model, spec, prompts, seeds, bs) for spec in decs]
-        for row, planned in zip(speed_rows(model, decs, prompts, seeds, bs), plans):
+        plans = [_calibrate(model, spec, prompts, seeds, bs, heads.get(spec)) for spec in decs]
+        resolved = [as_ for as_, _ in plans]
+        for row, (_, planned) in zip(speed_rows(model, decs, prompts, seeds, bs, resolved, heads), plans):
             row |= planned or {}
             row["device_seconds_per_image"] = row["seconds_per_image"] * devices
             row["usd_per_1k_images"] = row["device_seconds_per_image"] * price.on_demand_usd_per_hour / 3.6
@@ -248,15 +253,16 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
         | ({"samples": samples, "fidelity_n": fidelity_n, "tolerance": tolerance} if fidelity_n else {})
 
 
-def _calibrate(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], batch: int) -> dict | None:
-    """A calibrated spec's plan at this batch size, decided as a run decides it (decoders/calibrate.py: on the
-    first max(batch, 4) prompts) and installed; for the row. None for other specs."""
-    if not spec.calibrated:
-        return None
-    plan = calibrate_spec(spec, model, prompts[:max(batch, CALIBRATION_PROMPTS)],
-                          seeds[:max(batch, CALIBRATION_PROMPTS)], batch)
-    install_spec_plan(spec, model, plan)
-    return {"plan_rows": plan.rows, "calibration_s": plan.seconds, "plan_measured": plan.measured}
+def _calibrate(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], batch: int,
+               heads=None) -> tuple[DecodeSpec, dict | None]:
+    """(what the spec decodes as at this batch size, the row's calibration columns): a calibrated spec resolved
+    as a run resolves it (decoders/calibrate.py: on the first max(batch, 4) prompts); any other spec as it is."""
+    k = max(batch, CALIBRATION_PROMPTS)
+    resolved, measured = resolve(spec, model, prompts[:k], seeds[:k], batch, heads)
+    if measured is None:
+        return spec, None
+    return resolved, {"plan_rows": speculative_rows(resolved), "plan_spec": str(resolved),
+                      "calibration_s": measured.seconds, "plan_measured": measured.measured}
 
 
 def _add_quality(model, decs, rows, chosen, n, batch, seed, log) -> None:

@@ -9,8 +9,8 @@ For every decoder spec (and an `ar` control: a second AR sample set, which shows
   features against a noise floor (FD between the AR control and the AR reference set, same sizes), and
   scene, object and per-attribute accuracy deltas to AR with paired-bootstrap intervals.
 
-A device-calibrated spec (`calibrated=true`, ssd+csd's default) decodes by a plan the device decides
-(decoders/calibrate.py): 1 .. `rows` rows (the block decoder: a cap of 1 .. `max_rows`), or plain AR, which is
+A device-calibrated spec (`calibrated=true`, ssd+csd's default) decodes as the concrete spec the device resolves
+it to (decoders/calibrate.py): 1 .. `rows` rows (the block decoder: a cap of 1 .. `max_rows`), or plain AR, which is
 exact by construction. Which one depends on the machine and the batch size, so fidelity measures every
 speculative choice (`choices`), each a row of its own under its uncalibrated spec, and the spec's own row is its
 worst choice (the widest 95% interval end): `measured_as` names it, `choices` lists them all.
@@ -25,26 +25,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ssdgen.decoders import run
-from ssdgen.decoders.calibrate import planned
+from ssdgen.decoders import heads_for, run
+from ssdgen.decoders.calibrate import choices  # a calibrated spec's choices: bench/decode.py imports it from here
 from ssdgen.decoders.fidelity import paired_gap, ratio_gap, target_nll
 from ssdgen.decoders.configs import REFERENCE_SEED_OFFSET
 from ssdgen.decoders.spec import DecodeSpec, common_sampling
-
-
-def choices(spec: DecodeSpec) -> dict[int, DecodeSpec]:
-    """A calibrated spec's speculative choices, {rows: the uncalibrated spec that decodes as that plan}; {} for
-    any other spec (module doc)."""
-    cfg = spec.config()
-    if not getattr(cfg, "calibrated", False):
-        return {}
-    out = {}
-    for r in range(1, (cfg.rows if cfg.prefix_engine else cfg.max_rows) + 1):
-        as_planned = planned(cfg, r)
-        changed = {k: getattr(as_planned, k) for k in ("calibrated", "rows", "max_rows")
-                   if getattr(as_planned, k) != getattr(cfg, k)}
-        out[r] = DecodeSpec(spec.family, tuple((dict(spec.params) | changed).items()), spec.sampling, spec.heads)
-    return out
 
 
 def uncapped(spec: DecodeSpec) -> DecodeSpec:
@@ -57,9 +42,10 @@ def decode_set(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], ba
                images: bool) -> dict:
     """Decode, score under the target -> tokens, per-sample NLL, forwards, seconds, images (or None)."""
     toks, nll, fwd, imgs = [], [], [], []
+    heads = heads_for(spec, model)  # loaded once, not timed
     t0 = time.perf_counter()
     for i in tqdm(range(0, len(prompts), batch_size), desc=f"fidelity {spec.label}", unit="batch"):
-        res = run(spec, model, prompts[i:i + batch_size], seeds[i:i + batch_size])
+        res = run(spec, model, prompts[i:i + batch_size], seeds[i:i + batch_size], heads)
         toks.append(res.tokens)
         fwd += [st.forwards for st in res.stats]
         if images:

@@ -32,10 +32,11 @@ from pathlib import Path
 
 import torch
 
-# (label, decoder family, parameters): every engine path; calibrated=False keeps timings out of the plan
+# (label, decoder family, parameters): every loop and configuration; calibrated=False: a concrete spec
 DECODERS = [("ar", "ar", {}), ("sjd", "sjd", {"window": 8}),
             ("sjd coupled", "sjd", {"window": 8, "coupled": True}), ("csd", "csd", {"window": 8}),
-            ("ssd", "ssd", {"rows": 2, "rounds": 1}), ("ssd lossless", "ssd", {"lossless": True, "rows": 1}),
+            ("ssd block", "ssd", {"rows": 2, "rounds": 1, "commit": "block"}), ("ssd", "ssd", {"rows": 2}),
+            ("ssd lossless", "ssd", {"lossless": True, "rows": 1}),
             ("ssd+csd", "ssd+csd", {"calibrated": False, "adaptive": False, "rows": 2})]
 PROMPT = "a large red circle at the center on a flat gray background"
 
@@ -48,9 +49,6 @@ class _Timed:
 
     def __init__(self, model):
         self.__dict__["_m"], self.__dict__["inside"], self.__dict__["forwards"] = model, 0.0, 0
-        # the heads are loaded once, on the model object (decoders.load_heads): share that cache, so no row
-        # times a heads load
-        self.__dict__["_ssd_heads"] = model.__dict__.setdefault("_ssd_heads", {})
 
     def __getattr__(self, name):
         attr = getattr(self._m, name)
@@ -81,14 +79,15 @@ def _heads(model, seed: int = 1):
 
 def measure(model, family: str, params: dict, batch: int, repeats: int) -> dict:
     """The best of `repeats` decodes of one batch: host ms per forward, and what it came from."""
-    from ssdgen.decoders import decode
+    from ssdgen.decoders import DecodeSpec, decode, heads_for
     from ssdgen.decoders.sampling import SamplingConfig
     sc = SamplingConfig(cfg_scale=3.0)
+    heads = heads_for(DecodeSpec.of(family, params, sc), model)  # loaded once: no row times a heads load
     best = None
     for r in range(repeats):
         timed = _Timed(model)
         t = time.perf_counter()
-        decode(family, timed, [PROMPT] * batch, list(range(r * batch, (r + 1) * batch)), sc, params)
+        decode(family, timed, [PROMPT] * batch, list(range(r * batch, (r + 1) * batch)), sc, params, heads)
         wall = time.perf_counter() - t
         row = {"wall_s": wall, "model_s": timed.inside, "forwards": timed.forwards,
                "host_ms_per_forward": 1e3 * (wall - timed.inside) / max(1, timed.forwards)}

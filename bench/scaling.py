@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 SIDES = (8, 16, 32)
-DECODERS = ("ar", "sjd:window=16", "ssd:rows=2:rounds=2", "sjd:window=33:coupled=true", "ssd:rows=2:lossless=true",
+DECODERS = ("ar", "sjd:window=16", "ssd:commit=block:rows=2:rounds=2", "sjd:window=33:coupled=true",
+            "ssd:rows=2:lossless=true",
             "ssd+csd:commit=block:rows=2:rounds=2:adaptive=true:max_rows=4:calibrated=false",
             "ssd+csd:calibrated=false")  # no AR fallback: forwards only
 PROMPTS = ["a large red circle at the center on a flat gray background",

@@ -1,13 +1,12 @@
-"""The device calibration of a `calibrated=true` SSD spec, decided once: how many rows a block (the block
-decoder's cap) or the sliding window (the prefix engine) drafts on this device at this batch size, or 0 for
-plain AR.
+"""The device calibration of a `calibrated=true` SSD spec: `resolve` turns it into a concrete spec, with the rows
+that are fastest on this device at this batch size (per sliding window for the prefix engine, the cap per block
+for the block decoder), or into plain `ar` with the same sampling, and says what it measured.
 
-Why once. A lossy decoder's tokens depend on its rows, so a choice that followed the timing of every batch would
+Why resolve. A lossy decoder's tokens depend on its rows, so a choice that followed the timing of every batch would
 give a sample other tokens on a retry, in another batch or on another actor. The standard is that a sample's
-tokens depend on its seed only. So the choice is a `Plan`, made at the first batch (`plan_for`), or by the
-pipeline before its first shard and recorded with the run (`_plan.json`, flows/pipeline.py), kept on the model
-object (`install_plan`) and written into every sample's statistics. Given the plan, the tokens follow from the
-seeds, whatever the batch, the retry or the actor.
+tokens depend on its seed only. So the choice is made once, before the first shard (flows/pipeline.py), and
+recorded as the concrete spec's text (`_plan.json`), which the actors then decode by: the text alone reproduces
+the tokens, whatever the batch, the retry or the actor. `run` refuses a spec still calibrated.
 
 How. `cost_curve.measure_cost_curve` times the model's forwards at 1, 2, 4, ... tokens per sample, and the
 curve gives each choice's expected committed tokens per second (`estimates`: cost_curve.best_rows,
@@ -23,50 +22,55 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import torch
 
 from .configs import SSDConfig
 from .cost_curve import best_rows, measure_cost_curve, sync, window_rates
-from .sampling import SamplingConfig
+from .engine import load_heads, run
+from .spec import DecodeSpec
 
 WORTH_TIMING = 0.5  # time a choice whose estimate is at least this fraction of the best estimate
 AR_FASTER = "plain AR is faster on this device at this batch size"  # a plan of 0 rows, in the statistics
 
 
 @dataclass(frozen=True)
-class Plan:
-    rows: int  # rows per block (block decoder: the cap) or per window (prefix engine); 0 = plain AR
+class Measurements:
+    """What a calibration measured and why it chose as it did (recorded with the resolved spec, `_plan.json`)."""
     batch: int  # the batch size it was calibrated at
     estimates: dict  # {"0" (AR), "1", ...: committed tokens per second per sample the cost curve expects}
     measured: dict  # {choice: images per second decoding the calibration prompts}, only the choices timed
     cost_curve: dict  # cost_curve.CostCurve.to_dict()
     seconds: float  # what the calibration took
+    why: str | None = None  # why it resolved to plain AR (AR_FASTER); None when it speculates
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
+    def from_dict(cls, d: dict) -> "Measurements":
         return cls(**d)
 
-    @property
-    def ar_fallback(self) -> str | None:
-        """Why this plan decodes as plain AR (SampleStats.ar_fallback); None when it speculates."""
-        return AR_FASTER if self.rows == 0 else None
 
-    @property
-    def policy(self) -> str:
-        """What the statistics say: a fall-back to plain AR is reported, never silent."""
-        return f"ar: {AR_FASTER}" if self.rows == 0 else f"calibrated: {self.rows} row(s)"
+def concrete(spec: DecodeSpec, rows: int) -> DecodeSpec:
+    """The uncalibrated spec that decodes as the choice `rows` of a calibrated spec: 0 is plain `ar` with the same
+    sampling; else the same family and parameters with calibrated=false and rows=K (the block decoder: its cap,
+    max_rows=K, with rows=min(rows, K) to start from)."""
+    if rows == 0:
+        return DecodeSpec("ar", (), spec.sampling)
+    cfg = spec.config()
+    chosen = {"calibrated": False, "rows": rows} if cfg.prefix_engine else \
+        {"calibrated": False, "rows": min(cfg.rows, rows), "max_rows": rows}
+    return DecodeSpec(spec.family, tuple((dict(spec.params) | chosen).items()), spec.sampling, spec.heads)
 
 
-def planned(cfg: SSDConfig, rows: int) -> SSDConfig:
-    """The uncalibrated config that decodes as a plan of `rows` (> 0) says."""
-    if cfg.prefix_engine:
-        return replace(cfg, calibrated=False, rows=rows)
-    return replace(cfg, calibrated=False, rows=min(cfg.rows, rows), max_rows=rows)
+def choices(spec: DecodeSpec) -> dict[int, DecodeSpec]:
+    """A calibrated spec's speculative choices, {rows: concrete(spec, rows)}; {} for any other spec."""
+    if not spec.calibrated:
+        return {}
+    cfg = spec.config()
+    return {r: concrete(spec, r) for r in range(1, (cfg.rows if cfg.prefix_engine else cfg.max_rows) + 1)}
 
 
 def estimates(curve, cfg: SSDConfig, W: int) -> dict[str, float]:
@@ -87,20 +91,31 @@ def choose(measured: dict[str, float]) -> int:
     return max((int(k) for k in measured), key=lambda r: (measured[str(r)], -r))
 
 
-def calibrate(model, cfg: SSDConfig, sc: SamplingConfig, prompts: list[str], seeds: list[int], batch: int,
-              decode_as: Callable) -> Plan:
-    """Measure the curve at `batch` and time the plausible choices on `prompts` (module doc); decode_as(prompts,
-    seeds, rows) decodes a batch as a choice (ssd.choice_decoder: rows 0 is plain AR)."""
+def resolve(spec: DecodeSpec, model, prompts: list[str], seeds: list[int], batch: int,
+            heads=None) -> tuple[DecodeSpec, Measurements | None]:
+    """A calibrated spec -> (the concrete spec this device decodes it as at `batch`, what was measured), timed on
+    `prompts` (module doc); any other spec -> (itself, None). heads: an SSD spec's (default: loaded)."""
+    if not spec.calibrated:
+        return spec, None
     t0 = time.perf_counter()
+    cfg = spec.config()
     batch = min(batch, len(prompts))  # a run's first shard may hold fewer prompts than a batch
     W = model.grid[1]
     most = min(64, cfg.rows * W + 1) if cfg.prefix_engine else cfg.max_rows * W  # tokens per sample, at most
-    curve = measure_cost_curve(model, prompts[:batch], sc.uses_cfg, most)
+    curve = measure_cost_curve(model, prompts[:batch], spec.sampling.uses_cfg, most)
     est = estimates(curve, cfg, W)
     trial = worth_timing(est)
-    measured = _time_choices(model, prompts, seeds, batch, trial, decode_as) if len(trial) > 1 else {}
+    if len(trial) > 1:
+        heads = heads if heads is not None else load_heads(model, spec.heads)  # loaded once for every choice
+
+        def decode_as(p: list[str], s: list[int], rows: int):
+            return run(concrete(spec, rows), model, p, s, heads)
+        measured = _time_choices(model, prompts, seeds, batch, trial, decode_as)
+    else:
+        measured = {}
     rows = choose(measured) if measured else trial[0]
-    return Plan(rows, batch, est, measured, curve.to_dict(), time.perf_counter() - t0)
+    return concrete(spec, rows), Measurements(batch, est, measured, curve.to_dict(), time.perf_counter() - t0,
+                                              AR_FASTER if rows == 0 else None)
 
 
 def _time_choices(model, prompts, seeds, batch, trial: list[int], decode_as: Callable) -> dict[str, float]:
@@ -117,22 +132,3 @@ def _time_choices(model, prompts, seeds, batch, trial: list[int], decode_as: Cal
             sync(device)
             seconds[r] += time.perf_counter() - t0
     return {str(r): len(prompts) / seconds[r] for r in trial}
-
-
-def plan_key(cfg: SSDConfig, sc: SamplingConfig, heads) -> tuple:
-    return cfg, sc, id(heads)  # heads stay loaded on the model object (engine.load_heads), so id is stable
-
-
-def install_plan(model, cfg: SSDConfig, sc: SamplingConfig, heads, plan: Plan) -> None:
-    """Decode this config on this model object by `plan` from now on (a run's recorded plan, a bench's)."""
-    model.__dict__.setdefault("_ssd_plans", {})[plan_key(cfg, sc, heads)] = plan
-
-
-def plan_for(model, cfg: SSDConfig, sc: SamplingConfig, heads, prompts: list[str], seeds: list[int],
-             decode_as: Callable) -> Plan:
-    """The installed plan, or one calibrated on this first batch and installed: never revised afterwards."""
-    plans = model.__dict__.setdefault("_ssd_plans", {})
-    key = plan_key(cfg, sc, heads)
-    if key not in plans:
-        plans[key] = calibrate(model, cfg, sc, prompts, seeds, len(prompts), decode_as)
-    return plans[key]

@@ -1,8 +1,8 @@
 """The decoders' settings as plain frozen dataclasses, with no torch: a driver that only plans, validates and
 records runs (the Prefect flow) imports these and never loads torch. Each config checks its own fields, their
 declared types first (`check_types`: a bool, an int, a number, one of a str field's CHOICES), then their
-ranges; the family table says which parameters each decoder takes and its defaults; `decoder_config` turns a
-family's flat parameters into its typed config.
+ranges; the family table (FAMILIES) says which loop decodes each family, with which drafter and acceptance, which
+parameters it takes and its defaults; `decoder_config` turns a family's flat parameters into its typed config.
 """
 
 from __future__ import annotations
@@ -107,14 +107,16 @@ class SJDConfig:
 @dataclass(frozen=True)
 class SSDConfig:
     rows: int = 2  # rows drafted per block
-    rounds: int = 2  # r: auto-correction rounds after the first verification forward
+    rounds: int = 2  # r: auto-correction rounds after the first verification forward (commit=block)
     lossless: bool = False  # the prefix engine (below) without relaxation: exactly the target's distribution
-    commit: str = "block"  # "block": r rounds, then the whole block (lossy); "prefix": the verified prefix only
+    # "prefix" (the default): commit the verified prefix only, the window loop (window.py), lossless unless relaxed;
+    # "block": r rounds, then the whole block, the block decoder (block.py), lossy (+1.7 nats/token measured)
+    commit: str = "prefix"
     two_d: bool = True  # False: horizontal-only drafting (ablation)
     relax: Relaxation = Relaxation()  # CSD acceptance (ssd+csd)
-    adaptive: bool = False  # adapt rows per sample and block (AdaptivePolicy); `rows` is then the start
+    adaptive: bool = False  # commit=block: adapt rows per sample and block (block.AdaptivePolicy) from `rows`
     max_rows: int = 4
-    token_budget: int = 0  # drafted tokens per forward the batch may use (0 = unlimited); see AdaptivePolicy
+    token_budget: int = 0  # commit=block: drafted tokens per forward the batch may use (0 = unlimited)
     calibrated: bool = False  # cap rows from the device's measured cost curve (decoders/cost_curve.py)
 
     def __post_init__(self):
@@ -131,14 +133,16 @@ class SSDConfig:
             raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0; ssd+csd relaxes by default): "
                              "ssd:lossless=true is the lossless spatial decoder")
         if self.prefix_engine and (self.adaptive or self.token_budget):
-            raise ValueError("the prefix engine (lossless or commit=prefix) slides a fixed window of `rows` rows: "
-                             "adaptive and token_budget are not supported (set adaptive=false, token_budget=0)")
+            raise ValueError("the prefix engine (commit=prefix, the default, or lossless) slides a fixed window of "
+                             "`rows` rows: adaptive and token_budget are not supported (they belong to the lossy "
+                             "block decoder, commit=block); set adaptive=false, token_budget=0")
         if self.calibrated and self.token_budget:
             raise ValueError("calibrated and token_budget both cap the rows: set one (token_budget=0 with "
                              "calibrated=true, or calibrated=false with a budget)")
 
     @property
     def prefix_engine(self) -> bool:
+        """Whether the window loop decodes this config (window.py); else the block decoder (block.py)."""
         return self.lossless or self.commit == "prefix"
 
 
@@ -148,9 +152,10 @@ class SSDConfig:
 CSD_DEFAULTS = {"lam": 2.0, "delta": 0.7}
 # csd: SJD's coupled Jacobi drafts over a 33-token window, which CSD's relaxation then judges
 CSD_SJD_DEFAULTS = {"coupled": True, "window": 33}
-# ssd+csd: the prefix engine (commit only the verified prefix, carry the rest in a sliding 2-row window), which
-# stays within tolerance where committing whole blocks after r rounds does not (+1.1 nats/token at lam 1); the
-# device decides once per run whether the window holds 1 or 2 rows or plain AR is faster (decoders/calibrate.py).
+# ssd+csd: the prefix engine (commit only the verified prefix, carry the rest in a sliding 2-row window: SSDConfig's
+# default commit), which stays within tolerance where committing whole blocks after r rounds does not (+1.1
+# nats/token at lam 1); the device decides once per run whether the window holds 1 or 2 rows or plain AR is
+# faster (decoders/calibrate.py `resolve`, which turns the spec into a concrete one).
 SSD_CSD_DEFAULTS = {"commit": "prefix", "adaptive": False, "calibrated": True}
 # A calibrated spec's choices are timed on at least this many prompts (a batch, when that is larger): at batch 1,
 # one prompt's content would decide for a whole run (decoders/calibrate.py).
@@ -160,22 +165,51 @@ _SJD = {f.name for f in fields(SJDConfig)} - {"relax"}
 _SSD = {f.name for f in fields(SSDConfig)} - {"relax"}
 
 
+LOOPS = ("ar", "window", "block")  # ar.py, window.py, block.py
+DRAFTERS = ("none", "guess", "heads")  # drafters.py: cfg.init's guesses (random, repeat), or SSD's spatial heads
+ACCEPTANCES = ("exact", "relaxed")  # verify.py: the lossless rule, or CSD's relaxation of it
+
+
 @dataclass(frozen=True)
 class Family:
-    """What a decoder family is: its engine, its parameters, whether CSD relaxes it, its defaults."""
-    engine: str  # "ar", "sjd" or "ssd"
+    """What a decoder family is: the loop that decodes it, where its drafts come from and how they are accepted
+    (its configuration of that loop), the typed config of its parameters, and its defaults. `commit=block`
+    (ssd, ssd+csd) swaps the window loop for the block decoder: `loop_for`."""
+    loop: str  # LOOPS
+    drafter: str  # DRAFTERS
+    acceptance: str  # ACCEPTANCES
+    config: type | None  # SJDConfig, SSDConfig, or None (ar has no parameters)
     params: frozenset
-    relaxed: bool = False
     defaults: tuple = ()
+
+    @property
+    def relaxed(self) -> bool:
+        return self.acceptance == "relaxed"
+
+    def loop_for(self, cfg) -> str:
+        """The loop that decodes `cfg` (this family's typed config): the block decoder when it says commit=block."""
+        return "block" if isinstance(cfg, SSDConfig) and not cfg.prefix_engine else self.loop
+
+    def describe(self) -> str:
+        """One line for listings (`ssdgen decoders`): the loop, the drafter, the acceptance, and what is lossy."""
+        if self.loop == "ar":
+            return "one token per forward (decoders/ar.py)"
+        drafts = {"guess": "guessed drafts (init)", "heads": "SSD heads' drafts"}[self.drafter]
+        accept = {"exact": "exact acceptance: lossless",
+                  "relaxed": "CSD's relaxed acceptance: within tolerance at the defaults"}[self.acceptance]
+        text = f"{self.loop} loop (decoders/{self.loop}.py), {drafts}, {accept}"
+        if self.config is SSDConfig:
+            text += "; commit=block: the block decoder (decoders/block.py), lossy (+1.7 nats/token measured)"
+        return text
 
 
 FAMILIES = {
-    "ar": Family("ar", frozenset()),
-    "sjd": Family("sjd", frozenset(_SJD)),
-    "csd": Family("sjd", frozenset(_SJD | _RELAX), relaxed=True,
+    "ar": Family("ar", "none", "exact", None, frozenset()),
+    "sjd": Family("window", "guess", "exact", SJDConfig, frozenset(_SJD)),
+    "csd": Family("window", "guess", "relaxed", SJDConfig, frozenset(_SJD | _RELAX),
                   defaults=tuple((CSD_DEFAULTS | CSD_SJD_DEFAULTS).items())),
-    "ssd": Family("ssd", frozenset(_SSD)),
-    "ssd+csd": Family("ssd", frozenset(_SSD | _RELAX), relaxed=True,
+    "ssd": Family("window", "heads", "exact", SSDConfig, frozenset(_SSD)),
+    "ssd+csd": Family("window", "heads", "relaxed", SSDConfig, frozenset(_SSD | _RELAX),
                       defaults=tuple((CSD_DEFAULTS | SSD_CSD_DEFAULTS).items())),
 }
 DECODER_NAMES = tuple(FAMILIES)
@@ -191,11 +225,11 @@ def decoder_config(name: str, params: dict | None = None):
     unknown = sorted(set(params) - fam.params)
     if unknown:
         raise ValueError(f"decoder {name!r} has no parameter(s) {unknown}; it takes {sorted(fam.params) or 'none'}")
-    if fam.engine == "ar":
+    if fam.config is None:
         return None
     params = dict(fam.defaults) | params
     relax = Relaxation(**{k: params.pop(k) for k in list(params) if k in _RELAX}) if fam.relaxed else Relaxation()
-    return (SSDConfig if fam.engine == "ssd" else SJDConfig)(relax=relax, **params)
+    return fam.config(relax=relax, **params)
 
 # The seeds of the AR reference set that fidelity measurements (`ssdgen fidelity`, `--audit`) compare a decoder
 # with: seed + this offset, so the reference samples are independent of every decoder's own.

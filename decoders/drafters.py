@@ -1,12 +1,12 @@
-"""Where drafts come from: one `Drafter` interface, shared by the SJD engine (sjd.py) and SSD's block decoder
-(ssd.py).
+"""Where drafts come from: one `Drafter` interface, shared by the window loop (window.py: SJD, CSD, SSD) and SSD's
+block decoder (block.py).
 
 A drafter fills a run of positions of a sample's token buffer with draft tokens and returns the distribution
 each was drawn from (p, which verification needs). The positions are given relative to a window: `start`
 [B] is the index of window slot 0, and slots first_b .. end_b - 1 are drafted (first_b >= end_b: none).
-  SJD: the window after the last committed token; its first `carried` slots hold Jacobi updates, the rest
+  window: the window after the last committed token; its first `carried` slots hold Jacobi updates, the rest
        are fresh drafts (first = carried, end = K).
-  SSD: a block of L_b positions after the committed prefix (first = 0, end = L).
+  block: a block of L_b positions after the committed prefix (first = 0, end = L).
 Implementations:
   RandomDrafter       a uniform token, one-hot p (SJD's `init=random`)
   RepeatDrafter       the token `offset` positions back (1: repeat-left, W: repeat-above), one-hot p; a
@@ -27,7 +27,7 @@ import torch
 from .protocol import StepOutput
 from .sampling import SamplingConfig, model_device, processed_probs, sample_from
 
-if TYPE_CHECKING:  # the SJD engine imports this module; only SSD loads heads
+if TYPE_CHECKING:  # the window loop imports this module for SJD too; only SSD loads heads
     from .ssd_heads import SpatialHeads
 
 

@@ -123,7 +123,7 @@ def gumbel(u: torch.Tensor) -> torch.Tensor:
 class PositionNoise:
     """Gumbel noise fixed per (sample, image index) for coupled drafts: row j of sample b is numbers j*V ..
     j*V + V - 1 of b's NOISE stream, the same whenever they are computed; they are used for j's draft only,
-    which is what the coupled drafts' losslessness needs (sjd.py). Only the live window's rows are held (a
+    which is what the coupled drafts' losslessness needs (window.py). Only the live window's rows are held (a
     ring of `span` rows, row j at slot j % span, with the index each slot holds), so memory is B x span x V,
     not B x N x V (1 GB per sample for Emu3's 8,100 positions and 32k codes); each call computes the rows that
     entered the window since the last one, for the whole batch at once."""

@@ -102,8 +102,8 @@ class DecodeSpec:
 
     @property
     def calibrated(self) -> bool:
-        """Whether the device picks this spec's rows (`calibrated=true`, decoders/calibrate.py): decided once per
-        run and recorded, since the choice changes a lossy decoder's tokens."""
+        """Whether the device picks this spec's rows (`calibrated=true`): `calibrate.resolve` turns it into the
+        concrete spec it decodes as, once per run, recorded, since the choice changes a lossy decoder's tokens."""
         return bool(getattr(self.config(), "calibrated", False))
 
     @property
@@ -130,6 +130,15 @@ def _check(family: str, params: dict, heads: str | None) -> None:
 
 def _text(v) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def speculative_rows(spec: DecodeSpec) -> int:
+    """How far a (resolved) spec speculates, as a calibration counts its choices: an SSD spec's rows per window
+    (the block decoder: its cap, max_rows); 0 for plain ar. (Other families draft by window, not by rows: 0.)"""
+    cfg = spec.config()
+    if not hasattr(cfg, "prefix_engine"):
+        return 0
+    return cfg.rows if cfg.prefix_engine else cfg.max_rows
 
 
 def common_sampling(specs: list[DecodeSpec]) -> SamplingConfig:

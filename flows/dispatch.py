@@ -37,12 +37,12 @@ class Dispatcher:
     from other threads (group tasks, the flow, a signal handler), private ones run on the dispatch thread."""
 
     def __init__(self, cfg, files, out: Output, actors: list, done: bytearray, log, restart_wait_s: float,
-                 bar=None, decode_plan: dict | None = None, guard=None):
-        """decode_plan: a calibrated decoder's plan (flows.pipeline), sent with every batch. guard: called before
+                 bar=None, decoder: str | None = None, guard=None):
+        """decoder: the run's resolved spec text (flows.pipeline), sent with every batch. guard: called before
         every commit; it raises when the run may no longer commit (its lease was taken over, flows.lease)."""
         self.cfg, self.done, self.bar = cfg, done, bar
         self.events: queue.Queue = queue.Queue()
-        self.sched = Scheduler(actors, cfg, decode_plan, self.events.put)
+        self.sched = Scheduler(actors, cfg, decoder, self.events.put)
         self.depth = self.sched.depth
         self.io_threads = min(8, max(2, len(actors)))
         self.capacity = len(actors) * (self.depth + 1) + self.io_threads  # decoding + read ahead + writing

@@ -1,7 +1,7 @@
 """The output layout of a run on any fsspec URL, and the commit protocol that makes a shard "done".
 
     {out}/_config.json                                   run settings (no secrets); resume must match them
-    {out}/_plan.json                                     a calibrated decoder's plan, decided once (flows.pipeline)
+    {out}/_plan.json                                     a calibrated spec resolved once: its text + measurements
     {out}/_lease/{generation:08d}.json                   the running driver's lease (flows.lease)
     {out}/shards/{shard:06d}/attempt-{uuid}/images.parquet   one row per prompt: image {bytes, path}, token grid, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/stats.parquet    one row per prompt: status, error, forwards, ...
@@ -144,8 +144,14 @@ class Output(Store):
 
     def read_plan(self) -> dict | None:
         """A calibrated decoder's resolution, {"spec": the concrete spec's text, "measurements": {...}}
-        (decoders/calibrate.py `resolve`), or None before one is made."""
-        return self.read_json(PLAN)
+        (decoders/calibrate.py `resolve`), or None before one is made. A record of another shape (damaged, or
+        from an older ssdgen) is one error naming the file, never a KeyError later."""
+        plan = self.read_json(PLAN)
+        if plan is not None and (not isinstance(plan, dict) or not isinstance(plan.get("spec"), str)
+                                 or not isinstance(plan.get("measurements"), dict)):
+            raise ValueError(f"{self.full_url(self.path(PLAN))}: not a resolved decode spec (no spec text and "
+                             "measurements); delete it to resolve the decoder again, or --overwrite the run")
+        return plan
 
     def write_plan(self, plan: dict) -> None:
         """Record the resolution before any shard decodes by it: a resume reads it back instead of re-measuring,

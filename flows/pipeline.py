@@ -38,7 +38,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 
 from ssdgen.decoders.configs import CALIBRATION_PROMPTS
-from ssdgen.decoders.spec import DecodeSpec
+from ssdgen.decoders.spec import DecodeSpec, speculative_rows
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from tqdm import tqdm
@@ -48,11 +48,11 @@ from .audit import summarize as audit_summary, warning as audit_warning
 from .cost import Price, cost_table, price_for, run_summary
 from . import cluster
 from .dispatch import Dispatcher
-from .settings import GenerateConfig
+from .settings import RunSettings
 from .groups import RunContext, run_groups
 from .inputs import InputError, InputFile
 from .interrupts import Interrupted, StopSignals
-from .layout import CONFIG, SUMMARY, Output, plan_words
+from .layout import CONFIG, PLAN, SUMMARY, Output, plan_words
 from .lease import LEASE_DIR, Lease
 from .prepare import Prepared, check_output, clear, describe, output_size, prepare
 from .verify import damaged_shards, set_aside
@@ -65,7 +65,7 @@ ACTOR_RESTART_WAIT_S = float(os.environ.get("SSDGEN_ACTOR_RESTART_WAIT_S", 900))
 
 
 @contextmanager
-def _cluster_slots(cfg: GenerateConfig):
+def _cluster_slots(cfg: RunSettings):
     """Hold `cfg.cluster_slots` slots of the Prefect global concurrency limit `cfg.cluster_limit` while the run
     has actors, so runs that share a cluster (scheduled, ad hoc, other deployments) queue instead of overbooking
     it. Waits for free slots; a limit that does not exist is an error (strict), not a silently uncapped run."""
@@ -78,22 +78,39 @@ def _cluster_slots(cfg: GenerateConfig):
         yield
 
 
-def _decode_plan(cfg: GenerateConfig, files: list[InputFile], plan: ShardPlan, out: Output, actors: list,
-                 log, stop: StopSignals) -> dict | None:
-    """A calibrated decoder's plan, decided once per run (decoders/calibrate.py): the recorded one on a resume,
-    else measured by one actor on the first shard's first prompts and recorded before any shard decodes. Every
-    batch carries it to its actor, so all actors, restarted ones and retries decode alike."""
+def _decode_plan(cfg: RunSettings, files: list[InputFile], plan: ShardPlan, out: Output, actors: list,
+                 log, stop: StopSignals) -> str:
+    """The spec text every batch carries to its actor, so all actors, restarted ones and retries decode alike:
+    the run's spec, or for a calibrated one the concrete spec it resolves to, decided once per run
+    (decoders/calibrate.py): the recorded one on a resume, else resolved by one actor on the first shard's
+    first prompts and recorded (`_plan.json`: the text and its measurements) before any shard decodes."""
     if not cfg.decoder.calibrated:
-        return None
+        return str(cfg.decoder)
     if (recorded := out.read_plan()) is not None:
-        log.info(f"decode plan: {recorded['rows']} row(s) (recorded; 0 = plain AR)")
-        return recorded
+        spec = _recorded_spec(out, recorded)  # a damaged record fails here, before any shard decodes
+        log.info(f"decode plan: {spec} (recorded)")
+        return str(spec)
     rows = [asdict(r) for r in read_shard(files, plan[0], cfg.seed)][:max(cfg.batch_size, CALIBRATION_PROMPTS)]
     decided = _get(actors[0].calibrate.remote(rows, cfg.batch_size), stop)
     out.write_plan(decided)
-    log.info(f"decode plan: {decided['rows']} row(s) (0 = plain AR), measured in {decided['seconds']:.1f} s: "
-             f"images/s {decided['measured'] or 'not timed: the cost curve left one choice'}")
-    return decided
+    m = decided["measurements"]
+    log.info(f"decode plan: {decided['spec']}, measured in {m['seconds']:.1f} s: "
+             f"images/s {m['measured'] or 'not timed: the cost curve left one choice'}")
+    return decided["spec"]
+
+
+def _recorded_spec(out: Output, recorded: dict) -> DecodeSpec:
+    """The concrete spec `_plan.json` records (its shape checked by Output.read_plan); one line naming the file
+    when the text is not a spec, or still a calibrated one."""
+    try:
+        spec = DecodeSpec.parse(recorded["spec"])
+    except ValueError as e:
+        raise ValueError(f"{out.full_url(out.path(PLAN))}: not a resolved decode spec ({e!r}); delete it to "
+                         "resolve the decoder again, or --overwrite the run") from None
+    if spec.calibrated:
+        raise ValueError(f"{out.full_url(out.path(PLAN))}: records {spec}, which is still calibrated; delete it "
+                         "to resolve the decoder again")
+    return spec
 
 
 def _get(refs, stop: StopSignals | None):
@@ -109,47 +126,32 @@ def _get(refs, stop: StopSignals | None):
             continue
 
 
-def _actors(cfg: GenerateConfig, stop: StopSignals | None = None) -> list:
+def _actors(cfg: RunSettings, stop: StopSignals | None = None) -> list:
     import ray
     from ssdgen.workers.decode_worker import DecodeWorker
     # before any actor is requested: one that fits no node would wait forever (flows/cluster.py)
     n = cluster.actors_to_start(cfg.cpus_per_actor, cfg.gpus_per_actor, cfg.actors)
     cls = ray.remote(DecodeWorker).options(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
                                            max_restarts=-1, max_task_retries=0)
-    actors = [cls.remote(cfg.worker_spec()) for _ in range(n)]
+    actors = [cls.remote(cfg.worker(), cfg.threads) for _ in range(n)]
     _get([a.info.remote() for a in actors], stop)  # wait for the loads; a config error surfaces here, once
     return actors
 
 
 @flow(name="ssdgen-generate")
-def generate(prompts: list[str], out: str = "out", model: str = "reference", decoder: str = "ssd+csd",
-             seed: int = 0, shard_size: int = 256, batch_size: int = 16, actors: int = 2,
-             cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, device_type: str = "cpu",
-             ray_address: str | None = None, cluster_limit: str | None = None, audit: float = 0.0,
-             audit_tolerance: float = DEFAULT_TOLERANCE, image_format: str = "png", quality: int = 90,
-             format: str = "parquet", dtype: str = "auto", progress: bool = True, overwrite: bool = False) -> dict:
-    """Generate an image for every prompt row; resumable. `decoder` is a decode spec (decoders/spec.py), e.g.
-    `ssd+csd:token_budget=0:cfg=3`, parsed here: the flow is the edge for deployments. `out` may hold `{date}`,
-    filled with the run's scheduled date (YYYY-MM-DD), so a scheduled deployment renders into one folder per day.
-    `cluster_limit` names a Prefect global concurrency limit (`prefect gcl create NAME --limit N`) that the run
-    holds one slot of per GPU (per actor on CPUs) while its actors exist. `audit` is the fraction of prompts whose
-    NLL gap to `ar` is measured (flows/audit.py), `audit_tolerance` the allowed gap. `image_format` (png, webp,
-    jpeg) and `quality` (webp/jpeg) choose how the images are encoded, `format` (parquet, webdataset, both) which
-    files a shard holds (flows/webdataset_shards.py), `dtype` the model's precision on the actors (auto, fp32, bf16,
-    fp16). `overwrite` deletes what the output holds first (said in the log)."""
-    if "{date}" in out:
+def generate(settings: RunSettings, progress: bool = True, overwrite: bool = False) -> dict:
+    """Generate an image for every prompt row; resumable. `settings` are the run's (flows.settings.RunSettings:
+    each field's description says what it does); a deployment passes them nested, as infra/prefect.yaml does.
+    `settings.out` may hold `{date}`, filled with the run's scheduled date (YYYY-MM-DD), so a scheduled deployment
+    renders into one folder per day. `overwrite` deletes what the output holds first (said in the log)."""
+    if "{date}" in settings.out:
         from prefect.runtime import flow_run
         when = flow_run.scheduled_start_time or datetime.now(timezone.utc)
-        out = out.replace("{date}", when.strftime("%Y-%m-%d"))
-    cfg = GenerateConfig(prompts=tuple(prompts), out=out, model=model, decoder=DecodeSpec.parse(decoder), seed=seed,
-                         shard_size=shard_size, batch_size=batch_size, actors=actors, cpus_per_actor=cpus_per_actor,
-                         gpus_per_actor=gpus_per_actor, device_type=device_type, ray_address=ray_address,
-                         cluster_limit=cluster_limit, audit=audit, audit_tolerance=audit_tolerance,
-                         image_format=image_format, quality=quality, format=format, dtype=dtype)
-    return execute(cfg, progress=progress, overwrite=overwrite)
+        settings = settings.model_copy(update={"out": settings.out.replace("{date}", when.strftime("%Y-%m-%d"))})
+    return execute(settings, progress=progress, overwrite=overwrite)
 
 
-def _run_pending(cfg: GenerateConfig, prep: Prepared, progress: bool, t0: float, lease, stop: StopSignals) -> dict:
+def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, lease, stop: StopSignals) -> dict:
     """Run the pending shards (done[i] == 0) on a pool of actors -> {failed shard -> error, startup seconds,
     images and commits this run, commit latency, the signal that interrupted it}. Ctrl-C and SIGTERM stop it
     as flows.interrupts says; the lease is checked before every commit."""
@@ -187,7 +189,7 @@ def _run_pending(cfg: GenerateConfig, prep: Prepared, progress: bool, t0: float,
             "interrupted": stop.interrupted}
 
 
-def _audit(cfg: GenerateConfig, out: Output, committed: dict, price: Price) -> dict | None:
+def _audit(cfg: RunSettings, out: Output, committed: dict, price: Price) -> dict | None:
     """The audit of every committed shard (this run's and earlier ones'), read back from storage; logged."""
     if cfg.audit <= 0:
         return None
@@ -201,7 +203,7 @@ def _audit(cfg: GenerateConfig, out: Output, committed: dict, price: Price) -> d
     return a
 
 
-def execute(cfg: GenerateConfig, progress: bool = True, overwrite: bool = False) -> dict:
+def execute(cfg: RunSettings, progress: bool = True, overwrite: bool = False) -> dict:
     """The run: checks (flows.prepare), then under the output's lease (flows.lease) the settings are recorded,
     damaged shards set aside, the pending shards decoded and committed, and the manifest and summary written."""
     log = get_run_logger()
@@ -261,7 +263,7 @@ def _record(prep: Prepared, log) -> None:
     set_aside(prep.out, prep.damaged, log)
 
 
-def _summarize(cfg: GenerateConfig, prep: Prepared, ran: dict, wall: float) -> dict:
+def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict:
     """manifest.parquet and summary.json from the markers: cost over every committed shard, speed over this
     run's own work and wall time (each images/s labelled by what it divides)."""
     out, plan, failed = prep.out, prep.plan, ran["failed"]
@@ -290,11 +292,13 @@ def _summarize(cfg: GenerateConfig, prep: Prepared, ran: dict, wall: float) -> d
 
 
 def _plan_summary(plan: dict | None) -> dict | None:
-    """The plan as summary.json shows it: the rows chosen and the rates that chose them (the cost curve stays in
-    _plan.json and in every sample's statistics)."""
+    """The recorded resolution (_plan.json) as summary.json shows it: the resolved spec, the rows it speculates
+    with (0: plain AR) and the rates that chose them (the cost curve stays in _plan.json)."""
     if plan is None:
         return None
-    return {k: plan[k] for k in ("rows", "batch", "estimates", "measured", "seconds")}
+    m = plan["measurements"]
+    return {"spec": plan["spec"], "rows": speculative_rows(DecodeSpec.parse(plan["spec"]))} | {
+        k: m[k] for k in ("batch", "estimates", "measured", "seconds")}
 
 
 def _artifacts(summary: dict, errors: Counter) -> None:
@@ -337,4 +341,4 @@ def run_status(url: str, deep: bool = False) -> dict:
             "damaged": damaged, "cost": cost, "audit": audit, "decode_plan": _plan_summary(out.read_plan())}
 
 
-__all__ = ["GenerateConfig", "generate", "execute", "run_status", "plan_words", "InputError", "Interrupted"]
+__all__ = ["RunSettings", "generate", "execute", "run_status", "plan_words", "InputError", "Interrupted"]

@@ -33,15 +33,15 @@ class Actor:
 
 class Scheduler:
     """The shards read and waiting for an actor (`ready`), and the actors; the dispatch thread owns it. `post`
-    queues an event for the dispatch thread; `decode_plan` goes with every batch."""
+    queues an event for the dispatch thread; `spec` (the run's resolved decode spec text) goes with every batch."""
 
-    def __init__(self, handles: list, cfg, decode_plan: dict | None, post):
+    def __init__(self, handles: list, cfg, spec: str, post):
         self.actors = [Actor(h) for h in handles]
         per_shard = math.ceil(cfg.shard_size / cfg.batch_size)
         # batches queued per actor: at least 3 (one running, two waiting), and at least 2 shards
         self.depth = max(2, math.ceil(3 / per_shard))
         self.ready: deque = deque()
-        self.decode_plan, self.post = decode_plan, post
+        self.spec, self.post = spec, post
 
     def dispatch(self, restarting) -> None:
         """Give ready shards to the actors with the fewest shards, up to `depth` each, skipping the actors for
@@ -63,7 +63,7 @@ class Scheduler:
         if actor.inflight == 0:
             actor.mark = time.perf_counter()  # the actor was idle until now: that gap is no shard's
         for i in which:
-            ref = actor.handle.decode.remote(job.batches[i], self.decode_plan)
+            ref = actor.handle.decode.remote(job.batches[i], self.spec)
             job.refs[i] = ref
             actor.inflight += 1
             ref.future().add_done_callback(lambda f, i=i, g=job.gen: self.post(Batch(job, i, g, f)))

@@ -1,19 +1,17 @@
 """The run's settings: one frozen pydantic `RunSettings`, the flow's one parameter. The CLI builds it once from
-its options (ssdgen/cli/options.py makes `generate`'s and `serve`'s options from these fields, help included);
-a deployment passes it nested (`settings:` in infra/prefect.yaml), and Prefect validates it and renders it as a
-form. The decode spec is parsed once, by the field's validator, and travels as its canonical text. `check` tests
-every value against the rest before anything starts; `recorded` is what `_config.json` pins once a shard commits
-(the settings that decide the images, and the inputs' identities); the worker gets `worker_spec()`.
+its options (ssdgen/cli/run_options.py makes `generate`'s and `serve`'s options from these fields, help
+included); a deployment passes it nested (`settings:` in infra/prefect.yaml), and Prefect validates it and
+renders it as a form. It extends the worker's part (workers/settings.py: model, decoder, encoding, precision),
+which the actors receive as `worker()`. `check` tests every value against the rest before anything starts;
+`recorded` is what `_config.json` pins once a shard commits (the settings that decide the images, and the
+inputs' identities).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
-
-from ssdgen.decoders.spec import DecodeSpec
+from ssdgen.workers.settings import WorkerSettings, option as _option
 
 from .audit import DEFAULT_TOLERANCE, check_audit
 from .cost import Price, price_for
@@ -21,34 +19,12 @@ from .inputs import InputFile
 from .webdataset_shards import check_format
 
 
-def _spec(value) -> DecodeSpec:
-    return value if isinstance(value, DecodeSpec) else DecodeSpec.parse(str(value))
-
-
-# a decode spec: text such as `ssd+csd:rows=2:cfg=3` on the way in, its canonical text on the way out
-Spec = Annotated[DecodeSpec, BeforeValidator(_spec), PlainSerializer(str, return_type=str),
-                 WithJsonSchema({"type": "string", "default": "ssd+csd"})]
-
-
-def _option(default, help: str, flag: str | None = None):
-    """A setting's default and help, the same for the CLI option (`flag`, else --the-name) and Prefect's form.
-    Defaults are validated too: the decode spec's is its text."""
-    return Field(default, description=help, json_schema_extra={"flag": flag} if flag else None, validate_default=True)
-
-
-class RunSettings(BaseModel):
-    """Every setting of a run, parsed once at the edge and passed whole."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+class RunSettings(WorkerSettings):
+    """Every setting of a run, parsed once at the edge and passed whole: the worker's part and the run's own."""
 
     prompts: tuple[str, ...] = _option(..., "Parquet file, prefix or glob at any fsspec URL; repeatable")
     out: str = _option("out/run", "output URL (local path, s3://, gs://, ...); `{date}` becomes a scheduled "
                                   "run's date")
-    model: str = _option("reference", "model: reference (default), reference:/bundle, janus:/ckpt, "
-                                      "emu3:/ckpt[:grid=RxC|:image_area=N], chameleon:/ckpt[:grid=RxC]")
-    decoder: Spec = _option("ssd+csd", "decode spec FAMILY[:key=value...], e.g. ar, sjd, "
-                            "csd:lam=0.5, ssd+csd:rows=2 (`ssdgen decoders` lists them); the default ssd+csd "
-                            "decides once per run whether and how far to speculate on this device (_plan.json)")
     seed: int = _option(0, "run seed; a row's own `seed` column wins")
     shard_size: int = _option(256, "rows per shard")
     batch_size: int = _option(16, "prompts per decoder call")
@@ -62,12 +38,8 @@ class RunSettings(BaseModel):
     audit: float = _option(0.0, "also decode this fraction of the prompts (chosen by prompt_id) with ar and report "
                                 "the NLL gap to it in summary.json; 0 = no audit")
     audit_tolerance: float = _option(DEFAULT_TOLERANCE, "allowed |NLL gap| of the audit, nats/token (95% interval)")
-    image_format: str = _option("png", "encoding of the stored images: png (lossless), webp or jpeg")
-    quality: int = _option(90, "webp/jpeg quality, 1..100 (png ignores it)")
     format: str = _option("parquet", "output files per shard: parquet (images + stats Parquet), webdataset "
                                      "(img2dataset-style tar + stats Parquet) or both")
-    dtype: str = _option("auto", "model precision: fp32, bf16, fp16 (GPU only) or auto (fp32 on the CPU; on a GPU "
-                                 "bf16 for Hugging Face checkpoints, fp32 for the reference model)")
 
     def check(self) -> Price:
         """Every value against the others and the price table; the run's price."""
@@ -108,9 +80,9 @@ class RunSettings(BaseModel):
     def threads(self) -> int:
         return max(1, int(self.cpus_per_actor))
 
-    def worker_spec(self) -> dict:
-        return {"model": self.model, "decode": self.decoder.to_dict(), "threads": self.threads,
-                "image_format": self.image_format, "quality": self.quality, "dtype": self.dtype}
+    def worker(self) -> WorkerSettings:
+        """The part an actor decodes and encodes by (its torch threads come apart: `threads`)."""
+        return WorkerSettings(**{k: getattr(self, k) for k in WorkerSettings.model_fields})
 
     def recorded(self, files: list[InputFile]) -> dict:
         """What `_config.json` holds: everything that decides which images come out, and the output format (a

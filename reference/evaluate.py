@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ssdgen.decoders import run
+from ssdgen.decoders import heads_for, resolve, run
+from ssdgen.decoders.configs import CALIBRATION_PROMPTS
 from ssdgen.decoders.spec import DecodeSpec
 
 from . import captions as cap
@@ -41,10 +42,11 @@ def real_images(prompts: list[str], seeds: list[int]) -> np.ndarray:
 def generate(model, prompts: list[str], seeds: list[int], spec: DecodeSpec, batch_size: int, desc: str = "decode"):
     """Decode prompts in batches -> (uint8 images [N, 64, 64, 3], per-sample stats, seconds)."""
     images, stats = [], []
+    heads = heads_for(spec, model)  # loaded once for every batch
     t0 = time.perf_counter()
     with tqdm(total=len(prompts), desc=desc, unit="img") as bar:
         for i in range(0, len(prompts), batch_size):
-            res = run(spec, model, prompts[i:i + batch_size], seeds[i:i + batch_size])
+            res = run(spec, model, prompts[i:i + batch_size], seeds[i:i + batch_size], heads)
             images.append(model.decode_images(res.tokens).numpy())
             stats.extend(res.stats)
             bar.update(len(res.stats))
@@ -55,7 +57,9 @@ def evaluate(model, spec: DecodeSpec = DecodeSpec(), n: int = 1024, batch_size: 
     rows = eval_prompts(n)
     prompts = [r["prompt"] for r in rows]
     seeds = [seed * 1_000_003 + r["seed"] for r in rows]
-    images, stats, seconds = generate(model, prompts, seeds, spec, batch_size)
+    k = max(batch_size, CALIBRATION_PROMPTS)  # a calibrated spec resolves as a run resolves it, on its first prompts
+    resolved, measured = resolve(spec, model, prompts[:k], seeds[:k], batch_size)
+    images, stats, seconds = generate(model, prompts, seeds, resolved, batch_size)
     net = load_scorer()
     report = score(net, images, prompts)
     real = real_images(prompts, [r["seed"] for r in rows])
@@ -68,6 +72,7 @@ def evaluate(model, spec: DecodeSpec = DecodeSpec(), n: int = 1024, batch_size: 
     fd_tokenizer = frechet_distance(predict(net, recon)["features"], f_real)
     return {
         "model": model.name, "decoder": spec.label, "spec": str(spec), "params": dict(spec.params), "n": len(prompts),
+        "resolved": str(resolved), "measurements": None if measured is None else measured.to_dict(),
         "batch_size": batch_size, "seed": seed, "sampling": spec.sampling.__dict__,
         "scene_accuracy": report["scene_accuracy"], "object_accuracy": report["object_accuracy"],
         "fd": fd, "fd_real_heldout": fd_floor, "fd_tokenizer_floor": fd_tokenizer,

@@ -1,20 +1,23 @@
 """The device calibration: on fake cost curves (flat, proportional, step, affine) the estimates favour the rows
-they should, only plausible choices are timed, the fastest measured wins, a fall-back to plain AR is said, the
-plan is decided once (tokens depend on the seed only), and a real curve on a tiny model has the right shape."""
+they should, only plausible choices are timed, the fastest measured wins, a fall-back to plain AR is said, a
+calibrated spec resolves to a concrete one (whose tokens depend on the seed only), and a real curve on a tiny
+model has the right shape."""
 
 import pytest
 import torch
 
-from ssdgen.decoders import decode
+from ssdgen.decoders import DecodeSpec, Measurements, decode, resolve, run
 from ssdgen.decoders.calibrate import AR_FASTER, choose, worth_timing
 from ssdgen.decoders.cost_curve import CostCurve, best_rows, measure_cost_curve, window_rates
 from ssdgen.decoders.sampling import SamplingConfig
+from ssdgen.decoders.spec import speculative_rows
 from tiny import tiny_model, tiny_with_heads
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 PROMPTS = ["a large red circle at the center on a flat gray background",
            "a small blue square at the top left on a wavy beige background"]
 SAMPLED = SamplingConfig(cfg_scale=3.0)
+SAMPLED_TEXT = ":cfg=3.0:temperature=1.0:top_k=0:top_p=1.0"
 
 
 def curve(f) -> CostCurve:
@@ -71,50 +74,48 @@ def _fake_device(monkeypatch, f, measured: dict | None = None) -> list:
 PREFIX = {"commit": "prefix", "adaptive": False, "calibrated": True, "rows": 2}
 
 
-def test_calibrated_prefix_engine_decodes_as_planned_and_says_so(tmp_path, monkeypatch):
-    """Proportional curve: AR without timing anything (the stats say so); flat curve: the windows are timed and
-    the fastest measured (one row here) decodes, exactly as the uncalibrated spec with that many rows."""
+def _spec(params: dict) -> DecodeSpec:
+    return DecodeSpec.of("ssd+csd", params, SAMPLED)
+
+
+def test_calibrated_prefix_engine_resolves_to_the_fastest_choice_and_says_so(tmp_path, monkeypatch):
+    """Proportional curve: plain AR with the same sampling, without timing anything (the measurements say why);
+    flat curve: the windows are timed and the fastest measured (one row here) is the concrete spec, which decodes
+    exactly as the uncalibrated spec with that many rows."""
     tiny = tiny_with_heads(tmp_path / "t")
     timed = _fake_device(monkeypatch, lambda s: 0.01 * s)
-    res = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, PREFIX)
-    assert torch.equal(res.tokens, decode("ar", tiny, PROMPTS, [0, 1], SAMPLED).tokens)
-    assert timed == [] and all(s.ar_fallback == AR_FASTER and s.extra["rows"] == 0 for s in res.stats)
-    tiny.__dict__.pop("_ssd_plans")
+    spec, m = resolve(_spec(PREFIX), tiny, PROMPTS, [0, 1], 2)
+    assert spec == DecodeSpec("ar", (), SAMPLED) and timed == [] and m.why == AR_FASTER and m.measured == {}
+    assert torch.equal(run(spec, tiny, PROMPTS, [0, 1]).tokens, decode("ar", tiny, PROMPTS, [0, 1], SAMPLED).tokens)
     timed = _fake_device(monkeypatch, lambda s: 1.0, {"1": 3.0, "2": 2.0})
-    res = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, PREFIX)
+    spec, m = resolve(_spec(PREFIX), tiny, PROMPTS, [0, 1], 2)
     assert timed == [[1, 2]]  # AR's estimate is under half the widest window's: not worth timing
-    st = res.stats[0]
-    assert st.extra["policy"] == "calibrated: 1 row(s)" and st.extra["rows"] == 1 and st.extra["plan"]["rows"] == 1
-    assert st.ar_fallback is None
+    assert str(spec) == "ssd+csd:adaptive=false:calibrated=false:commit=prefix:rows=1" + SAMPLED_TEXT
+    assert m.why is None and m.measured == {"1": 3.0, "2": 2.0} and m.batch == 2
     one_row = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, PREFIX | {"calibrated": False, "rows": 1})
-    assert torch.equal(res.tokens, one_row.tokens)
+    assert torch.equal(run(spec, tiny, PROMPTS, [0, 1]).tokens, one_row.tokens)
 
 
-def test_a_plan_is_decided_once_so_tokens_depend_on_the_seed_only(tmp_path):
-    """Real timings on a real (tiny) model: the first batch calibrates; the plan is never revised, so the same
-    seed gives the same tokens alone, in another batch, and again later, whatever the timings do."""
+def test_a_resolved_spec_decodes_by_its_seed_only(tmp_path):
+    """Real timings on a real (tiny) model: the resolved spec is concrete, so the same seed gives the same tokens
+    alone, in another batch, and again later, whatever the timings do; the measurements round-trip as a dict."""
     tiny = tiny_with_heads(tmp_path / "t")
-    first = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, PREFIX)
-    plan = first.stats[0].extra["plan"]
-    assert plan["batch"] == 2 and plan["seconds"] > 0 and str(plan["rows"]) in plan["estimates"]
-    alone = decode("ssd+csd", tiny, PROMPTS[1:], [1], SAMPLED, PREFIX)
-    again = decode("ssd+csd", tiny, PROMPTS[::-1], [1, 0], SAMPLED, PREFIX)
+    spec, m = resolve(_spec(PREFIX), tiny, PROMPTS, [0, 1], 2)
+    assert m.batch == 2 and m.seconds > 0 and str(speculative_rows(spec)) in m.estimates
+    assert Measurements.from_dict(m.to_dict()) == m and not spec.calibrated
+    first = run(spec, tiny, PROMPTS, [0, 1])
+    alone = run(spec, tiny, PROMPTS[1:], [1])
+    again = run(DecodeSpec.parse(str(spec)), tiny, PROMPTS[::-1], [1, 0])
     assert torch.equal(alone.tokens[0], first.tokens[1]) and torch.equal(again.tokens.flip(0), first.tokens)
-    assert alone.stats[0].extra["plan"] == plan and len(tiny.__dict__["_ssd_plans"]) == 1
+    assert not any(k.startswith("_ssd") for k in tiny.__dict__)  # nothing kept on the model object
 
 
-def test_an_installed_plan_is_what_decodes(tmp_path):
-    """A run's recorded plan (flows.pipeline) installed on a fresh model object decodes without calibrating."""
-    from ssdgen.decoders import DecodeSpec, install_spec_plan, plan_of, run
+def test_run_refuses_a_calibrated_spec_and_other_specs_resolve_to_themselves(tmp_path):
     tiny = tiny_with_heads(tmp_path / "t")
-    spec = DecodeSpec.parse("ssd+csd:cfg=3")
-    plan = {"rows": 0, "batch": 16, "estimates": {"0": 1.0}, "measured": {}, "cost_curve": {}, "seconds": 0.0}
-    assert plan_of(spec, tiny) is None
-    install_spec_plan(spec, tiny, plan)
-    assert plan_of(spec, tiny).rows == 0 and plan_of(DecodeSpec.parse("csd"), tiny) is None
-    res = run(spec, tiny, PROMPTS, [0, 1])
-    assert torch.equal(res.tokens, decode("ar", tiny, PROMPTS, [0, 1], SAMPLED).tokens)
-    assert res.stats[0].extra["plan"] == plan
+    with pytest.raises(ValueError, match="resolve it first"):
+        run(DecodeSpec.parse("ssd+csd:cfg=3"), tiny, PROMPTS, [0, 1])
+    for text in ("ar", "csd", "ssd", "ssd+csd:calibrated=false:rows=1"):
+        assert resolve(DecodeSpec.parse(text), tiny, PROMPTS, [0, 1], 2) == (DecodeSpec.parse(text), None)
 
 
 def test_curve_interpolates_and_extends_along_its_last_slope():
@@ -125,21 +126,18 @@ def test_curve_interpolates_and_extends_along_its_last_slope():
 def test_calibrated_block_decoder_follows_the_device(tmp_path, monkeypatch):
     tiny = tiny_with_heads(tmp_path / "t")
     W = tiny.grid[1]
-    # proportional, AR measured fastest: AR, and the stats say so
+    # proportional, AR measured fastest: AR, and the measurements say so
     _fake_device(monkeypatch, lambda s: 0.01 * s, {"0": 2.0, "1": 1.0, "2": 1.0, "3": 1.0, "4": 1.0})
     block = {"commit": "block", "adaptive": True}  # the block decoder (ssd+csd's default is the prefix engine)
-    res = decode("ssd+csd", tiny, PROMPTS, [0, 1], SAMPLED, block)
-    ar = decode("ar", tiny, PROMPTS, [0, 1], SAMPLED)
-    assert torch.equal(res.tokens, ar.tokens)
-    assert all(s.ar_fallback == AR_FASTER and s.extra["rows_cap"] == 0 for s in res.stats)
-    # flat: several caps are worth timing, and the fastest measured is the cap, with the curve in the stats
+    spec, m = resolve(_spec(block), tiny, PROMPTS, [0, 1], 2)
+    assert spec.family == "ar" and m.why == AR_FASTER
+    # flat: several caps are worth timing, and the fastest measured is the cap, with the curve measured
     timed = _fake_device(monkeypatch, lambda s: 1.0, {"2": 1.0, "3": 1.0, "4": 2.0})
-    tiny.__dict__.pop("_ssd_plans")
-    one = decode("ssd+csd", tiny, PROMPTS[:1], [0], SAMPLED, block | {"rows": 4})
-    st = one.stats[0]
-    assert timed == [[2, 3, 4]] and st.extra["rows_cap"] == 4
-    assert tuple(st.extra["plan"]["cost_curve"]["tokens"]) == SIZES
-    assert max(st.extra["block_sizes"]) == 4 * W - 1  # all rows after the prefill's token in one block
+    spec, m = resolve(_spec(block | {"rows": 4}), tiny, PROMPTS[:1], [0], 1)
+    assert timed == [[2, 3, 4]] and spec.config().max_rows == 4 and speculative_rows(spec) == 4
+    assert tuple(m.cost_curve["tokens"]) == SIZES
+    one = run(spec, tiny, PROMPTS[:1], [0])
+    assert max(one.stats[0].extra["block_sizes"]) == 4 * W - 1  # all rows after the prefill's token in one block
 
 
 def test_measured_curve_on_a_real_model(tmp_path):

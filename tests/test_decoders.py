@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency
 
-import ssdgen.decoders.sjd as sjd_mod
+import ssdgen.decoders.window as window_mod
 from ssdgen.decoders import decode, decoder_config
 from ssdgen.decoders.sampling import SamplingConfig, sample_from
 from ssdgen.decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
@@ -119,7 +119,7 @@ def _resample_from_q(draft, p, q, n_valid, u_accept, u_resample, relax=Relaxatio
 @pytest.mark.parametrize("broken", [_always_accept, _resample_from_q])
 @pytest.mark.parametrize("coupled", [False, True])
 def test_statistical_test_has_power(tiny, ar_samples, monkeypatch, broken, coupled):
-    monkeypatch.setattr(sjd_mod, "verify", broken)
+    monkeypatch.setattr(window_mod, "verify", broken)
     spec = _sample(tiny, "sjd", {"window": 6, "coupled": coupled}, offset=1_000_000)
     assert _same_distribution(ar_samples, spec) < 0.001 / len(POSITIONS)
 

@@ -79,7 +79,8 @@ def _same(a, b) -> bool:
 
 DECODERS = [
     ("ar", {}), ("sjd", {"window": 6}), ("sjd", {"window": 6, "init": "repeat-above", "coupled": True}),
-    ("csd", {"window": 6}), ("ssd", {"rows": 2, "rounds": 1}), ("ssd", {"lossless": True, "rows": 2}),
+    ("csd", {"window": 6}), ("ssd", {"rows": 2, "rounds": 1, "commit": "block"}),
+    ("ssd", {"lossless": True, "rows": 2}),
     ("ssd", {"commit": "prefix", "rows": 1}), ("ssd+csd", {"calibrated": False}),
     ("ssd+csd", {"commit": "prefix", "adaptive": False, "calibrated": False, "lam": 1.0, "delta": 0.3}),
 ]
@@ -89,9 +90,7 @@ DECODERS = [
 @pytest.mark.parametrize("name, params", DECODERS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(DECODERS)])
 def test_decoders_create_nothing_off_the_model_device(tiny, name, params, sc):
     prompts, seeds = PROMPTS * 2, list(range(8))
-    if name.startswith("ssd"):
-        tiny.__dict__.pop("_ssd_heads", None)  # load the heads inside the trap too
-    with stray_device_trap():
+    with stray_device_trap():  # an SSD decoder loads its heads inside the trap too
         trapped = decode(name, tiny, prompts, seeds, sc, params)
     assert trapped.tokens.device == tiny.device
     assert all(p.device == tiny.device for p in load_heads(tiny).parameters())
@@ -99,12 +98,13 @@ def test_decoders_create_nothing_off_the_model_device(tiny, name, params, sc):
 
 
 def test_calibrated_ssd_csd_measures_its_cost_curve_on_the_device(tiny):
-    """The default ssd+csd calibrates first (calibrate.py: the cost curve, then timed decodes): its tokens depend
-    on the plan that timing chose, so no comparison."""
-    tiny.__dict__.pop("_ssd_plans", None)
+    """The default ssd+csd resolves first (calibrate.py: the cost curve, then timed decodes): its tokens depend
+    on the spec that timing chose, so no comparison."""
+    from ssdgen.decoders import DecodeSpec, resolve, run
     with stray_device_trap():
-        res = decode("ssd+csd", tiny, PROMPTS, [0, 1, 2, 3], SAMPLED)
-    assert res.tokens.shape == (4, 16) and "policy" in res.stats[0].extra
+        spec, measured = resolve(DecodeSpec.of("ssd+csd", None, SAMPLED), tiny, PROMPTS, [0, 1, 2, 3], 4)
+        res = run(spec, tiny, PROMPTS, [0, 1, 2, 3])
+    assert res.tokens.shape == (4, 16) and measured.batch == 4 and not spec.calibrated
 
 
 @pytest.mark.parametrize("kind", ["latent", "token"])
@@ -149,12 +149,12 @@ def test_adapters_create_nothing_off_the_model_device(adapter, name, params):
 def test_adapters_ssd_creates_nothing_off_the_model_device(adapter):
     """SSD through an adapter, with random heads (the adapters have no default heads)."""
     from test_hf_adapters import PROMPTS as HF_PROMPTS
-    from ssdgen.decoders.ssd import SSDConfig, decode_ssd
     from ssdgen.decoders.ssd_heads import HeadsConfig, SpatialHeads
     torch.manual_seed(1)
     heads = SpatialHeads(HeadsConfig(dim=adapter.hidden_dim, emb_dim=adapter.hidden_dim, n_codes=adapter.n_codes,
                                      grid=adapter.grid, model=adapter.name)).eval()
-    for cfg in (SSDConfig(rows=1, rounds=1), SSDConfig(rows=1, lossless=True)):
+    for params in ({"rows": 1, "rounds": 1, "commit": "block"}, {"rows": 1, "lossless": True}):
         with stray_device_trap():
-            trapped = decode_ssd(adapter, HF_PROMPTS[:2], [3, 4], SAMPLED, heads, cfg)
-        assert torch.equal(trapped.tokens, decode_ssd(adapter, HF_PROMPTS[:2], [3, 4], SAMPLED, heads, cfg).tokens)
+            trapped = decode("ssd", adapter, HF_PROMPTS[:2], [3, 4], SAMPLED, params, heads=heads)
+        assert torch.equal(trapped.tokens, decode("ssd", adapter, HF_PROMPTS[:2], [3, 4], SAMPLED, params,
+                                                  heads=heads).tokens)

@@ -191,9 +191,9 @@ def test_status_reports_done_pending_and_cost(tmp_path):
 
 
 def test_a_calibrated_decoder_decides_once_and_a_rerun_replays_the_plan(tmp_path):
-    """ssd+csd (calibrated by default): one actor decides the plan before the first shard and `_plan.json`
-    records it; a shard lost and rerun on fresh actors decodes by the recorded plan to the same tokens, and a
-    plan put there by hand is what decodes (no second calibration)."""
+    """ssd+csd (calibrated by default): one actor resolves it to a concrete spec before the first shard and
+    `_plan.json` records the spec's text with its measurements; a shard lost and rerun on fresh actors decodes by
+    the recorded spec to the same tokens, and a spec put there by hand is what decodes (no second calibration)."""
     import fsspec
     from ssdgen.flows.layout import Output
     src, out = tmp_path / "p.parquet", tmp_path / "run"
@@ -201,7 +201,9 @@ def test_a_calibrated_decoder_decides_once_and_a_rerun_replays_the_plan(tmp_path
     kw = dict(prompts=[str(src)], out=str(out), decoder="ssd+csd", shard_size=4, batch_size=4, actors=1)
     first = _run(**kw)
     plan = json.loads((out / "_plan.json").read_text())
-    assert first["decode_plan"]["rows"] == plan["rows"] and plan["batch"] == 4 and plan["seconds"] > 0
+    assert first["decode_plan"]["spec"] == plan["spec"] and plan["measurements"]["batch"] == 4
+    assert plan["measurements"]["seconds"] > 0
+    assert plan["spec"].startswith("ar:") or "calibrated=false" in plan["spec"]  # concrete: no second calibration
     before = _committed(str(out))[0].to_pydict()
     fs = fsspec.filesystem("file")
     fs.rm(str(out / "shards" / "000001"), recursive=True)  # shard 1 lost: rerun on fresh actors
@@ -209,7 +211,8 @@ def test_a_calibrated_decoder_decides_once_and_a_rerun_replays_the_plan(tmp_path
     assert _run(**kw)["shards_run_now"] == 1
     after = _committed(str(out))[0].to_pydict()
     assert after["prompt_id"] == before["prompt_id"] and after["tokens"] == before["tokens"]
-    forced = plan | {"rows": 0, "measured": {}}  # plain AR, as if the device had chosen it
+    # plain AR, as if the device had chosen it
+    forced = {"spec": "ar:cfg=3.0:temperature=1.0:top_k=0:top_p=1.0", "measurements": plan["measurements"]}
     (out / "_plan.json").write_text(json.dumps(forced))
     fs.rm(str(out / "shards" / "000001"), recursive=True)
     fs.rm(str(out / "manifest.parquet"))

@@ -12,7 +12,6 @@ import torch  # noqa: E402
 
 from ssdgen.decoders import decode  # noqa: E402
 from ssdgen.decoders.sampling import SamplingConfig, processed_probs  # noqa: E402
-from ssdgen.decoders.ssd import SSDConfig, decode_ssd  # noqa: E402
 from ssdgen.decoders.ssd_train import DistillConfig, draft_acceptance, train_heads  # noqa: E402
 from ssdgen.models.registry import load_model, resolve_dtype  # noqa: E402
 from test_decoders import PROMPTS  # noqa: E402
@@ -43,15 +42,15 @@ def test_fp16_on_the_cpu_and_unknown_names_are_refused_in_one_line():
 
 def test_the_flow_checks_records_and_hands_its_dtype_to_the_actors():
     from ssdgen.flows.inputs import InputFile
-    from ssdgen.flows.pipeline import GenerateConfig
+    from ssdgen.flows.pipeline import RunSettings
     with pytest.raises(ValueError, match="fp16 is not supported on the CPU"):
-        GenerateConfig(prompts=("x",), dtype="fp16").validate()
-    GenerateConfig(prompts=("x",), dtype="fp16", gpus_per_actor=1, device_type="l4").validate()
+        RunSettings(prompts=("x",), dtype="fp16").check()
+    RunSettings(prompts=("x",), dtype="fp16", gpus_per_actor=1, device_type="l4").check()
     files = [InputFile("file:///x.parquet", 3, (3,), 100, True, False)]
-    base = GenerateConfig(prompts=("x",)).recorded(files)
+    base = RunSettings(prompts=("x",)).recorded(files)
     assert base["dtype"] == "auto"  # recorded at its default too
-    bf = GenerateConfig(prompts=("x",), dtype="bf16")
-    assert bf.recorded(files) == base | {"dtype": "bf16"} and bf.worker_spec()["dtype"] == "bf16"
+    bf = RunSettings(prompts=("x",), dtype="bf16")
+    assert bf.recorded(files) == base | {"dtype": "bf16"} and bf.worker().dtype == "bf16"
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +73,13 @@ def test_the_processed_distribution_is_fp32_for_bf16_logits():
 
 
 @pytest.mark.parametrize("name, params", [
-    ("ar", {}), ("sjd", {"window": 6, "coupled": True}), ("csd", {"window": 6}), ("ssd", {"rows": 2, "rounds": 1}),
-    ("ssd", {"lossless": True, "rows": 2}), ("ssd+csd", {"calibrated": False}),
+    ("ar", {}), ("sjd", {"window": 6, "coupled": True}), ("csd", {"window": 6}),
+    ("ssd", {"rows": 2, "rounds": 1, "commit": "block"}), ("ssd", {"rows": 2}), ("ssd", {"lossless": True, "rows": 2}),
+    ("ssd+csd", {"calibrated": False}),
 ])
 def test_every_decoder_runs_on_a_bf16_model_and_verifies_in_fp32(bf16, monkeypatch, name, params):
-    from ssdgen.decoders import sjd as sjd_mod
-    from ssdgen.decoders import ssd as ssd_mod
+    from ssdgen.decoders import block as block_mod
+    from ssdgen.decoders import window as window_mod
     seen = []
 
     def spy(real):
@@ -87,8 +87,8 @@ def test_every_decoder_runs_on_a_bf16_model_and_verifies_in_fp32(bf16, monkeypat
             seen.append((p.dtype, q.dtype))
             return real(draft, p, q, *args, **kwargs)
         return wrapped
-    monkeypatch.setattr(sjd_mod, "verify", spy(sjd_mod.verify))
-    monkeypatch.setattr(ssd_mod, "verify_all", spy(ssd_mod.verify_all))
+    monkeypatch.setattr(window_mod, "verify", spy(window_mod.verify))
+    monkeypatch.setattr(block_mod, "verify_all", spy(block_mod.verify_all))
     res = decode(name, bf16, PROMPTS, [0, 1, 2, 3], FILTERED, params)
     assert res.tokens.shape == (4, 16) and int(res.tokens.max()) < bf16.n_codes
     assert set(seen) <= {(torch.float32, torch.float32)} and (name == "ar" or seen)
@@ -114,6 +114,6 @@ def test_heads_train_and_draft_on_a_bf16_hugging_face_model():
     assert a.dtype == torch.bfloat16
     heads, _ = train_heads(a, HF_PROMPTS, SAMPLED, DistillConfig(n_images=4, sample_batch=2, steps=2, batch=16),
                            **QUIET)
-    for cfg in (SSDConfig(rows=1, rounds=1), SSDConfig(rows=1, lossless=True)):
-        res = decode_ssd(a, HF_PROMPTS[:2], [0, 1], SAMPLED, heads, cfg)
+    for params in ({"rows": 1, "rounds": 1, "commit": "block"}, {"rows": 1, "lossless": True}):
+        res = decode("ssd", a, HF_PROMPTS[:2], [0, 1], SAMPLED, params, heads=heads)
         assert res.tokens.shape == (2, 16) and int(res.tokens.max()) < a.n_codes

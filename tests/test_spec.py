@@ -47,8 +47,8 @@ def test_bad_specs_name_the_problem(text, message):
 
 def _field_kinds(family: str) -> dict[str, str]:
     """Each parameter of a family -> its config field's declared type name."""
-    from ssdgen.decoders.configs import Relaxation, SJDConfig, SSDConfig
-    cls = SSDConfig if FAMILIES[family].engine == "ssd" else SJDConfig
+    from ssdgen.decoders.configs import Relaxation, SJDConfig
+    cls = FAMILIES[family].config or SJDConfig
     kinds = {f.name: str(f.type) for c in (cls, Relaxation) for f in fields(c)}
     return {k: kinds[k] for k in FAMILIES[family].params}
 

@@ -6,7 +6,7 @@ import torch
 
 from ssdgen.decoders import decode, decoder_config
 from ssdgen.decoders.stats import COMMIT_BONUS
-from ssdgen.decoders.ssd import BUDGET_FULL
+from ssdgen.decoders.block import BUDGET_FULL
 from ssdgen.decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
 from ssdgen.decoders.ssd_train import DistillConfig, train_heads
 from test_decoders import GREEDY, POSITIONS, PROMPTS, SAMPLED, _same_distribution
@@ -19,7 +19,7 @@ def tiny(tmp_path_factory):
 
 
 @pytest.mark.parametrize("params", [
-    {"lossless": True, "rows": 1, "rounds": 0}, {"lossless": True, "rows": 2, "rounds": 2},
+    {}, {"rows": 1}, {"lossless": True, "rows": 1, "rounds": 0}, {"lossless": True, "rows": 2, "rounds": 2},
     {"lossless": True, "rows": 3, "rounds": 1, "two_d": False},
 ])
 @pytest.mark.parametrize("batch", [1, 4])
@@ -40,16 +40,17 @@ def test_lossless_ssd_samples_the_ar_distribution(tiny):
 
 @pytest.mark.slow
 def test_the_same_test_catches_a_broken_rule_in_lossless_ssd(tiny, monkeypatch):
-    import ssdgen.decoders.sjd as sjd_mod
+    import ssdgen.decoders.window as window_mod
     from test_decoders import _resample_from_q
     from test_decoders import _sample as sample_
     ar = sample_(tiny, "ar", {}, offset=0)
-    monkeypatch.setattr(sjd_mod, "verify", _resample_from_q)  # lossless SSD verifies with the SJD engine
+    monkeypatch.setattr(window_mod, "verify", _resample_from_q)  # lossless SSD verifies in the window loop
     ssd = sample_(tiny, "ssd", {"lossless": True, "rows": 2}, offset=2_000_000)
     assert _same_distribution(ar, ssd) < 0.001 / len(POSITIONS)
 
 
-@pytest.mark.parametrize("params", [{"rows": 2, "rounds": 1}, {"rows": 2, "lossless": True}])
+@pytest.mark.parametrize("params", [{"rows": 2, "rounds": 1, "commit": "block"}, {"rows": 2, "lossless": True},
+                                    {"rows": 2}])
 def test_ssd_batch_gives_each_sample_its_batch_one_tokens(tiny, params):
     prompts, seeds = PROMPTS * 2, list(range(20, 28))
     batched = decode("ssd", tiny, prompts, seeds, SAMPLED, params)
@@ -59,7 +60,7 @@ def test_ssd_batch_gives_each_sample_its_batch_one_tokens(tiny, params):
 
 
 def test_lossy_ssd_stats(tiny):
-    res = decode("ssd", tiny, PROMPTS[:2], [0, 1], SAMPLED, {"rows": 2, "rounds": 1})
+    res = decode("ssd", tiny, PROMPTS[:2], [0, 1], SAMPLED, {"rows": 2, "rounds": 1, "commit": "block"})
     for s in res.stats:
         bonuses = int((s.commit_map == COMMIT_BONUS).sum())
         assert 1 + sum(s.extra["block_sizes"]) + bonuses == 16  # prefill token + blocks + bonus tokens
@@ -129,3 +130,18 @@ def test_self_distillation_reduces_the_heads_loss(tiny):
         identity = draft_acceptance(tiny, fresh, PROMPTS, [0, 1, 2, 3], SAMPLED)
         assert identity["vertical"] < trained["vertical"]
         assert identity["horizontal"] < trained["horizontal"]
+
+
+def test_bare_ssd_runs_the_window_loop_and_the_block_decoder_must_be_named():
+    """The family table: ssd is the window loop with the heads' drafts and the exact rule (within the fidelity
+    tolerance by construction); the lossy block decoder only with commit=block."""
+    from ssdgen.decoders.configs import FAMILIES
+    ssd = FAMILIES["ssd"]
+    assert (ssd.loop, ssd.drafter, ssd.acceptance) == ("window", "heads", "exact")
+    assert ssd.loop_for(decoder_config("ssd")) == "window"
+    assert ssd.loop_for(decoder_config("ssd", {"commit": "block"})) == "block"
+    assert ssd.loop_for(decoder_config("ssd", {"commit": "block", "lossless": True})) == "window"
+    assert {f: (FAMILIES[f].loop, FAMILIES[f].drafter, FAMILIES[f].acceptance) for f in ("sjd", "csd", "ssd+csd")} \
+        == {"sjd": ("window", "guess", "exact"), "csd": ("window", "guess", "relaxed"),
+            "ssd+csd": ("window", "heads", "relaxed")}
+    assert "lossy" in ssd.describe()

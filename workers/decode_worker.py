@@ -19,19 +19,9 @@ from __future__ import annotations
 import io
 import os
 import time
-from dataclasses import dataclass, field
-
 import numpy as np
 
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    model: str = "reference"
-    decode: dict = field(default_factory=dict)  # a DecodeSpec's to_dict(): the spec the CLI parsed, unchanged
-    threads: int = 1  # torch intra-op threads per actor (CPU): actors × threads should match the cores
-    image_format: str = "png"  # png | webp | jpeg: encoded here, on the actor, so the driver never holds pixels
-    quality: int = 90  # webp/jpeg quality; png is lossless and ignores it
-    dtype: str = "auto"  # model precision (models/registry.py): auto = bf16 for HF checkpoints on a GPU, else fp32
+from .settings import WorkerSettings
 
 
 IMAGE_FORMATS = ("png", "webp", "jpeg")
@@ -65,11 +55,13 @@ def encode_image(img: np.ndarray, image_format: str = "png", quality: int = 90) 
 
 
 class DecodeWorker:
-    def __init__(self, spec: dict):
+    def __init__(self, settings: WorkerSettings, threads: int = 1):
+        """settings: the run's worker part (RunSettings.worker()); threads: torch intra-op threads (on a CPU,
+        actors x threads should match the cores)."""
         import torch
         t0 = time.perf_counter()
-        self.spec = WorkerSpec(**spec)
-        torch.set_num_threads(self.spec.threads)
+        self.spec, self.threads = settings, threads
+        torch.set_num_threads(threads)
         self.device = "cpu"
         try:
             import ray
@@ -77,22 +69,23 @@ class DecodeWorker:
                 self.device = "cuda"  # Ray sets CUDA_VISIBLE_DEVICES to the GPUs it assigned this actor
         except ImportError:
             pass
-        from ssdgen.decoders import load_heads
+        from ssdgen.decoders import heads_for
         from ssdgen.decoders.spec import DecodeSpec
         from ssdgen.models.registry import load_model
-        self.decoding = DecodeSpec.from_dict(self.spec.decode)  # a config error fails here, before the long load
+        self.decoding = self.spec.decoder  # parsed and checked once, by the settings
         self.model = load_model(self.spec.model, device=self.device, dtype=self.spec.dtype)
-        if self.decoding.family.startswith("ssd"):
-            load_heads(self.model, self.decoding.heads)
+        # SSD heads, loaded once and held here for every batch (nothing is kept on the model object)
+        self.heads = heads_for(self.decoding, self.model)
         self.sc = self.decoding.sampling
-        self.plan: dict | None = None  # the run's decode plan (calibrated specs), as the flow sent it
+        self.specs: dict[str, DecodeSpec] = {}  # the resolved spec texts the flow sent, each parsed once
+        self.current = self.decoding  # what the batch decodes by: the flow's resolved spec
         self.load_s = time.perf_counter() - t0
         self.reported_load = False
         self.where = {"pid": os.getpid(), "node_id": _node_id(), "device": self.device}
 
     def info(self) -> dict:
         return {"pid": os.getpid(), "node_id": _node_id(), "device": self.device, "load_s": self.load_s,
-                "model": self.model.name, "threads": self.spec.threads}
+                "model": self.model.name, "threads": self.threads}
 
     def take_load_seconds(self) -> float:
         """This incarnation's model-load (and calibration) time, reported once (so it is charged to exactly one
@@ -109,25 +102,29 @@ class DecodeWorker:
 
     def _decode(self, prompts: list[str], seeds: list[int]):
         from ssdgen.decoders import run
-        res = run(self.decoding, self.model, prompts, seeds)
+        from ssdgen.decoders.calibrate import AR_FASTER
+        res = run(self.current, self.model, prompts, seeds, self.heads)
+        if self.current.family == "ar" and self.decoding.family != "ar":  # the run's calibration chose plain AR
+            for st in res.stats:
+                st.ar_fallback = AR_FASTER
         images = self.model.decode_images(res.tokens).numpy()
         return res.tokens.cpu().numpy(), images, res.stats
 
     def calibrate(self, rows: list[dict], batch: int) -> dict:
-        """A calibrated spec's plan at `batch` on this actor's device, timed on the rows' prompts
-        (decoders/calibrate.py), and installed here; the flow records it and sends it with every batch. Its time
-        is a one-time cost like the model load, and is charged with it (`take_load_seconds`)."""
-        from ssdgen.decoders import calibrate_spec
+        """A calibrated spec resolved at `batch` on this actor's device, timed on the rows' prompts
+        (decoders/calibrate.py) -> {"spec": the concrete spec's text, "measurements": {...}}; the flow records it
+        and sends the text with every batch. Its time is a one-time cost like the model load, and is charged with
+        it (`take_load_seconds`)."""
+        from ssdgen.decoders import resolve
         t0 = time.perf_counter()
         good = [r for r in rows if not r.get("error") and self._valid(r["prompt"])]
         if not good:
             raise ValueError(f"no valid prompt among the first {len(rows)} rows to calibrate "
                              f"{self.decoding.label} on; put valid prompts first, or set calibrated=false")
-        plan = calibrate_spec(self.decoding, self.model, [r["prompt"] for r in good],
-                              [int(r["seed"]) for r in good], batch).to_dict()
-        self._use_plan(plan)
+        spec, measured = resolve(self.decoding, self.model, [r["prompt"] for r in good],
+                                 [int(r["seed"]) for r in good], batch, self.heads)
         self.load_s += time.perf_counter() - t0
-        return plan
+        return {"spec": str(spec), "measurements": measured.to_dict()}
 
     def _valid(self, prompt: str) -> bool:
         try:
@@ -136,16 +133,20 @@ class DecodeWorker:
         except ValueError:  # an error row later, when its shard decodes
             return False
 
-    def _use_plan(self, plan: dict | None) -> None:
-        """Decode by the run's plan: the same on every actor, a restarted one and a retry, so a sample's tokens
-        depend on its seed only (without it, a calibrated spec would calibrate on its first batch here)."""
-        if plan is not None and plan != self.plan:
-            from ssdgen.decoders import install_spec_plan
-            install_spec_plan(self.decoding, self.model, plan)
-            self.plan = plan
+    def _use_spec(self, text: str | None) -> None:
+        """Decode by the run's resolved spec, as the flow sent it: the same text on every actor, a restarted one
+        and a retry, so a sample's tokens depend on its seed and that text only. None: this actor's own spec
+        (a calibrated one then fails in `run`: it must be resolved first)."""
+        if text is None:
+            self.current = self.decoding
+            return
+        if text not in self.specs:
+            from ssdgen.decoders.spec import DecodeSpec
+            self.specs[text] = DecodeSpec.parse(text)
+        self.current = self.specs[text]
 
-    def decode(self, rows: list[dict], plan: dict | None = None) -> dict:
-        """rows: [{prompt_id, prompt, seed, error[, audit_seed]}]; plan: the run's decode plan (calibrated specs)
+    def decode(self, rows: list[dict], spec: str | None = None) -> dict:
+        """rows: [{prompt_id, prompt, seed, error[, audit_seed]}]; spec: the run's resolved spec text (flows.pipeline)
         -> {"samples": [...], "busy_s": float,
         "audit": [...], "audit_s": float, "load_s": float, "worker": {pid, node_id, device}}; busy_s leaves out
         the audit (see `_audit`). load_s is this incarnation's model load on its first batch, else 0, and
@@ -153,7 +154,7 @@ class DecodeWorker:
 
         Each sample: prompt_id, status ("ok" | "error"), error, image (bytes in the spec's format), width, height,
         tokens, stats (a flat dict, see decoders.stats.SampleStats.to_row), latency_s."""
-        self._use_plan(plan)
+        self._use_spec(spec)
         t0 = time.perf_counter()
         out: dict[str, dict] = {}
         good = []

@@ -12,9 +12,6 @@ import typer
 
 app = typer.Typer()
 
-# what each engine does, for the listing's headings (the table says which engine a family runs on)
-ENGINES = {"ar": "one token per forward", "sjd": "Jacobi iteration over a window of drafted tokens",
-           "ssd": "whole rows drafted by SSD's heads"}
 # the registry's option names, as a spec writes them (models/registry.py parses these)
 OPTION_SYNTAX = {"grid": "grid=RxC", "image_area": "image_area=N"}
 KIND_HELP = {"reference": "the bundled reference model (the default), or a bundle from `ssdgen dev train-reference`",
@@ -51,8 +48,7 @@ def decoders_cmd():
     from ssdgen.decoders.configs import FAMILIES, SamplingConfig
     from ssdgen.decoders.spec import SAMPLING_KEYS
     for name, fam in FAMILIES.items():
-        how = ENGINES[fam.engine] + (", with CSD's relaxed acceptance" if fam.relaxed else "")
-        typer.echo(f"{name}: {fam.engine} engine, {how}")
+        typer.echo(_fill(f"{name}: {fam.describe()}"))
         params = "  ".join(f"{p}={v}" for p, v in family_params(name)) or "no parameters of its own"
         typer.echo(_fill(params, "    "))
     sc = SamplingConfig()

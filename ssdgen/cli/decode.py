@@ -27,7 +27,7 @@ def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for sever
     """Sample images for prompts and save them as one grid PNG (a row per prompt)."""
     import numpy as np
     from PIL import Image
-    from ssdgen.decoders import run
+    from ssdgen.decoders import heads_for, resolve, run
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
     spec = spec_of(decoder)
@@ -35,13 +35,17 @@ def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for sever
     prompts = [p for p in prompt for _ in range(n)]
     seeds = [seed + i for i in range(len(prompts))]
     m.validate_prompts(prompts)
-    res = run(spec, m, prompts, seeds)
+    heads = heads_for(spec, m)
+    resolved, measured = resolve(spec, m, prompts, seeds, len(prompts), heads)  # a calibrated spec: on this batch
+    if measured is not None:
+        typer.echo(f"{decoder} resolved on this device to {resolved}")
+    res = run(resolved, m, prompts, seeds, heads)
     imgs = m.decode_images(res.tokens).numpy()
     rows = [np.concatenate(list(imgs[i * n:(i + 1) * n]), axis=1) for i in range(len(prompt))]
     Image.fromarray(np.concatenate(rows, axis=0)).save(out)
     fwd = np.mean([s.forwards for s in res.stats])
     typer.echo(f"wrote {out} ({len(prompts)} images, {decoder}, {fwd:.1f} forwards per image)")
-    if (why := res.stats[0].ar_fallback) is not None:  # a fall-back is reported, never silent
+    if (why := res.stats[0].ar_fallback or (measured and measured.why)) is not None:  # said, never silent
         typer.echo(f"note: {decoder} decoded this batch as plain AR ({why})")
 
 
@@ -159,21 +163,25 @@ def calibrate_cmd(decoder: str = RUN_DECODER,
     sizes = _batch_sizes(batch_sizes)
     if not sizes or min(sizes) < 1 or max(sizes) > 1024:
         raise ValueError(f"--batch-sizes must be integers in 1..1024, got {batch_sizes!r}")
-    from ssdgen.decoders import calibrate_spec
+    from ssdgen.decoders import heads_for, resolve
     from ssdgen.decoders.configs import CALIBRATION_PROMPTS
+    from ssdgen.decoders.spec import speculative_rows
     from ssdgen.reference.prompts import eval_prompts
     m = model_on(model, device, dtype)
+    heads = heads_for(spec, m)  # loaded once for every batch size
     rows = eval_prompts(max(max(sizes), CALIBRATION_PROMPTS))
     plans = []
     for b in sizes:
         k = max(b, CALIBRATION_PROMPTS)
-        plan = calibrate_spec(spec, m, [r["prompt"] for r in rows[:k]],
-                              [seed * 1_000_003 + r["seed"] for r in rows[:k]], b).to_dict()
+        resolved, measured = resolve(spec, m, [r["prompt"] for r in rows[:k]],
+                                     [seed * 1_000_003 + r["seed"] for r in rows[:k]], b, heads)
+        plan = {"spec": str(resolved), "rows": speculative_rows(resolved)} | measured.to_dict()
         plans.append(plan)
         est = ", ".join(f"{r}: {v:.1f}" for r, v in plan["estimates"].items())
         timed = ", ".join(f"{r}: {v:.3f}" for r, v in plan["measured"].items()) or "none"
-        typer.echo(f"batch {b:>4}: rows {plan['rows']} ({'plain AR' if plan['rows'] == 0 else 'speculate'}); "
-                   f"estimates (tokens/s per sample) {est}; timed (images/s) {timed}; {plan['seconds']:.1f} s")
+        typer.echo(f"batch {b:>4}: rows {plan['rows']} ({'plain AR' if plan['rows'] == 0 else 'speculate'}: "
+                   f"{plan['spec']}); estimates (tokens/s per sample) {est}; timed (images/s) {timed}; "
+                   f"{plan['seconds']:.1f} s")
     if json_path:
         json_path.write_text(json.dumps({"decoder": str(spec), "model": m.name, "plans": plans}, indent=1))
         typer.echo(f"wrote {json_path}")
@@ -265,11 +273,10 @@ def eval_cmd(decoder: str = DECODER, n: int = typer.Option(1024, help="eval prom
     res = evaluate(m, spec, n, batch_size, seed)
     rep = res["scorer"]
     typer.echo(f"model {res['model']}  decoder {spec}  n {res['n']}  batch {batch_size}  seed {seed}")
-    from ssdgen.decoders import plan_of
-    if (plan := plan_of(spec, m)) is not None:  # a fall-back to plain AR is reported, never silent
-        typer.echo(f"  note: {spec.label} decoded by its calibrated plan: " + (
-            "plain AR (faster on this device at this batch size); calibrated=false scores its speculative path"
-            if plan.rows == 0 else f"{plan.rows} row(s)"))
+    if res["measurements"] is not None:  # a fall-back to plain AR is reported, never silent
+        typer.echo(f"  note: {spec.label} resolved on this device to {res['resolved']}" + (
+            " (plain AR: faster on this device at this batch size); calibrated=false scores its speculative path"
+            if res["measurements"]["why"] else ""))
     for k in ("scene_accuracy", "object_accuracy", "fd", "fd_real_heldout", "fd_tokenizer_floor",
               "forwards_per_image", "seconds_per_image"):
         typer.echo(f"  {k:<22} {res[k]:.4f}")

@@ -46,7 +46,10 @@ def settings_parameters(overrides: dict) -> list[inspect.Parameter]:
 
     from ssdgen.flows.settings import RunSettings
     params = []
-    for name, info in RunSettings.model_fields.items():
+    first = ("prompts", "out")  # what every run names, then the rest in the settings' order
+    names = [*first, *(n for n in RunSettings.model_fields if n not in first)]
+    for name in names:
+        info = RunSettings.model_fields[name]
         default = overrides.get(name, info.default)
         if default is PydanticUndefined or default is None and name in overrides:
             default = ...  # required

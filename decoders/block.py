@@ -1,4 +1,7 @@
-"""Spatially speculative decoding (SSD): 2D block drafting with latent heads, auto-correcting verification.
+"""The block decoder: SSD's auto-correcting block verification, reached only by naming `commit=block`. LOSSY: it
+commits every drafted token of a block after r correction rounds, whether or not it was verified exactly, and
+measured +1.7 nats/token against AR on the reference model, outside the fidelity tolerance (0.15), which breaks
+images. The default SSD decoders (ssd, ssd+csd: commit=prefix) run the window loop (window.py) instead.
 
 Per block and sample b, with n_b tokens committed (docs/algorithms.md §3):
   1. Draft the next `rows` raster rows (L_b <= rows * W tokens). Positions with a row above are drafted
@@ -17,15 +20,8 @@ Each sample advances by its own amount; KV caches are position-indexed, so re-fe
 A block's uniforms are keyed by (the sample's seed, its own block number, the block offset) (rng.py): the
 same for a sample alone or in any batch, whatever the batch's largest block.
 
-`commit="prefix"` commits only the verified raster prefix: SJD semantics with SSD drafts (`lossless=True` is
-this engine without CSD's relaxation; with it, CSD's TV-filtered relaxation applies to every judgement). It runs the SJD
-engine over a sliding window of `rows` rows, whose tail is topped up with the heads' 2D drafts and whose
-other positions carry Gumbel-coupled Jacobi updates (sjd.py): what a block verifies but cannot yet commit
-is kept for the next forward instead of being drafted again. `rounds`, `adaptive` and the token budget
-belong to the block decoder and do not apply.
-
-`calibrated=true` (either engine) decodes by a `calibrate.Plan` decided once per model object and config: the
-rows that are fastest on this device at this batch size, or plain AR; the statistics record it.
+The rows per block are fixed, or adapted per sample (`adaptive`, AdaptivePolicy), and capped by a token budget
+(`token_budget`): when the batch alone fills the budget, the batch decodes as plain AR (`ar_fallback` says so).
 """
 
 from __future__ import annotations
@@ -39,11 +35,9 @@ import torch
 from . import rng
 from .ar import decode_ar, prefill
 from .configs import SSDConfig
-from .calibrate import plan_for, planned
 from .drafters import Drafter, HeadsDrafter
 from .protocol import ImageTokenModel, check_request
 from .sampling import SamplingConfig, model_device, processed_probs, sample_from
-from .sjd import SJDConfig, decode_sjd
 from .ssd_heads import SpatialHeads
 from .stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult, Tally
 from .verify import Relaxation, entropy, verify_all
@@ -63,8 +57,8 @@ class AdaptivePolicy:
         draft one more row; after a block with < 40% kept, or high entropy, one fewer;
       - compute headroom: cap = min(max_rows, token_budget // (batch * W)) when a budget is set, so a big
         batch, which already fills the device, speculates less; when not even one row per sample fits
-        (cap 0), `decode_ssd` decodes the batch as plain AR, which is what a full device does best. A
-        calibrated config arrives here as its plan's rows (calibrate.planned).
+        (cap 0), `decode_block` decodes the batch as plain AR, which is what a full device does best. A
+        calibrated config arrives here resolved (calibrate.resolve): its chosen cap as max_rows.
     The rows chosen are recorded per block in the statistics (block_sizes)."""
 
     def __init__(self, cfg: SSDConfig, batch: int, W: int, device: torch.device | str = "cpu"):
@@ -84,76 +78,50 @@ class AdaptivePolicy:
         self.rows = torch.where(active, (self.rows + step).clamp(1, self.cap), self.rows)
 
 
-def _decode_prefix(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> DecodeResult:
-    """Lossless SSD / commit=prefix: the SJD engine over a window of `rows` rows, topped up by the heads."""
-    W, N = model.grid[1], model.grid[0] * model.grid[1]
-    window = min(64, cfg.rows * W + 1)  # the last committed token + `rows` rows of drafts
-    drafter = HeadsDrafter(model, heads, sc, cfg.two_d, len(prompts), N + window + 2)
-    res = decode_sjd(model, prompts, seeds, sc, SJDConfig(window=window, coupled=True, relax=cfg.relax),
-                     drafter=drafter)
+def _budget_full(model, prompts, seeds, sc) -> DecodeResult:
+    """Plain AR for a batch that fills the token budget alone: speculation would only add work."""
+    res = decode_ar(model, prompts, seeds, sc)
     for st in res.stats:
-        st.extra |= {"rows": cfg.rows, "lossless": not cfg.relax.active, "commit": "prefix", "two_d": cfg.two_d,
-                     "block_sizes": [], "rounds_per_block": [], "lam": cfg.relax.lam, "delta": cfg.relax.delta}
-    return res
-
-
-def choice_decoder(model, sc: SamplingConfig, heads: SpatialHeads, cfg: SSDConfig):
-    """How calibrate.py decodes a batch as one of its choices: rows > 0 as planned, 0 as plain AR."""
-    def decode_as(prompts: list[str], seeds: list[int], rows: int) -> DecodeResult:
-        if rows == 0:
-            return decode_ar(model, prompts, seeds, sc)
-        return decode_ssd(model, prompts, seeds, sc, heads, planned(cfg, rows))
-    return decode_as
-
-
-def _decode_calibrated(model, prompts, seeds, sc, heads, cfg: SSDConfig) -> DecodeResult:
-    """Decode by the model's plan for this config (calibrate.py): its rows, or plain AR; the plan goes into the
-    statistics, so a fall-back to AR is reported, never silent."""
-    decode_as = choice_decoder(model, sc, heads, cfg)
-    plan = plan_for(model, cfg, sc, heads, prompts, seeds, decode_as)
-    res = decode_as(prompts, seeds, plan.rows)  # rows 0: plain AR, exact and faster here than speculating
-    # the AR path has none of SSD's own statistics: say what it decoded as
-    fixed = {"rows": 0, "commit": cfg.commit, "block_sizes": [], "rounds_per_block": []} if plan.rows == 0 else {}
-    for st in res.stats:
-        st.extra |= fixed | {"policy": plan.policy, "rows_cap": plan.rows, "plan": plan.to_dict()}
-        st.ar_fallback = plan.ar_fallback or st.ar_fallback  # or the planned rows' batch filled the budget
+        st.extra = {"block_sizes": [], "rounds_per_block": [], "policy": f"ar: {BUDGET_FULL}"}
+        st.ar_fallback = BUDGET_FULL
     return res
 
 
 @torch.no_grad()
-def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
-               heads: SpatialHeads, cfg: SSDConfig = SSDConfig()) -> DecodeResult:
-    """SSD with `heads`: the block decoder below, or the prefix engine (decode_sjd with the heads as drafter),
-    or plain AR when the plan leaves no rows to speculate with."""
+def decode_block(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
+                 cfg: SSDConfig, heads: SpatialHeads) -> DecodeResult:
+    """The block decoder (module doc; lossy) with `heads`, or plain AR when the token budget leaves no rows."""
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
-    if cfg.calibrated:
-        return _decode_calibrated(model, prompts, seeds, sc, heads, cfg)
-    if cfg.prefix_engine:
-        return _decode_prefix(model, prompts, seeds, sc, heads, cfg)
     W = model.grid[1]
     if budget_rows(cfg, len(prompts), W) == 0:
-        res = decode_ar(model, prompts, seeds, sc)  # no headroom: speculation would only add work
-        for st in res.stats:
-            st.extra = {"block_sizes": [], "rounds_per_block": [], "policy": f"ar: {BUDGET_FULL}"}
-            st.ar_fallback = BUDGET_FULL
-        return res
-    plan = {"policy": "token budget" if cfg.token_budget else "fixed"}
+        return _budget_full(model, prompts, seeds, sc)
     t0 = time.perf_counter()
     dev = model_device(model)  # every buffer and key below lives on it
     streams = rng.Streams(seeds, dev)
-    B, H = len(prompts), model.grid[0]
+    B, N = len(prompts), model.grid[0] * W
     policy = AdaptivePolicy(cfg, B, W, device=dev)
-    N, Lmax = H * W, policy.cap * W
+    Lmax = policy.cap * W
+    if Lmax >= 2 ** 16:  # the uniforms' counter holds a block's offset in its low 16 bits
+        raise ValueError(f"SSD blocks of {Lmax} tokens are too long (at most 65,535); draft fewer rows")
     size = N + Lmax + 2  # index slots: the image, a block running past its end, the bonus's and a junk slot
     drafter = HeadsDrafter(model, heads, sc, cfg.two_d, B, size)
     tally = Tally(B, size, dev)
     buf = torch.zeros(B, size, dtype=torch.long, device=dev)  # committed tokens, then the block's drafts
     out, buf[:, 0] = prefill(model, prompts, sc, streams, tally)
     drafter.begin(out)
+    _blocks(model, sc, cfg, streams, drafter, policy, buf, tally, N)
+    fixed = {"rows": cfg.rows, "rounds": cfg.rounds, "lossless": False, "two_d": cfg.two_d, "adaptive": cfg.adaptive,
+             "lam": cfg.relax.lam, "delta": cfg.relax.delta, "policy": "token budget" if cfg.token_budget else "fixed"}
+    return DecodeResult(buf[:, :N].clone(), tally.stats(model.grid, (time.perf_counter() - t0) / B, fixed))
+
+
+def _blocks(model, sc: SamplingConfig, cfg: SSDConfig, streams: rng.Streams, drafter: Drafter,
+            policy: "AdaptivePolicy", buf: torch.Tensor, tally: Tally, N: int) -> None:
+    """Draft, verify and commit blocks (module doc, steps 1-3) until every sample holds N tokens in buf."""
+    B, W, dev = buf.shape[0], model.grid[1], buf.device
+    Lmax = policy.cap * W
     n = torch.ones(B, dtype=torch.long, device=dev)  # committed tokens
     feed = torch.zeros(B, dtype=torch.long, device=dev)  # first index whose KV is not current
-    if Lmax >= 2 ** 16:  # the uniforms' counter holds a block's offset in its low 16 bits
-        raise ValueError(f"SSD blocks of {Lmax} tokens are too long (at most 65,535); draft fewer rows")
     block = torch.zeros(B, dtype=torch.long, device=dev)  # blocks per sample: its uniforms' counter
     offsets = torch.arange(Lmax, device=dev)  # [Lmax]
     while (n < N).any():
@@ -171,10 +139,6 @@ def decode_ssd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc:
             if blk.done.all():
                 break
         n, feed = _commit(blk, buf, original, u[:, 0, -1], tally, policy, N)
-
-    fixed = {"rows": cfg.rows, "rounds": cfg.rounds, "lossless": False, "two_d": cfg.two_d, "adaptive": cfg.adaptive,
-             "lam": cfg.relax.lam, "delta": cfg.relax.delta} | plan
-    return DecodeResult(buf[:, :N].clone(), tally.stats(model.grid, (time.perf_counter() - t0) / B, fixed))
 
 
 @dataclass

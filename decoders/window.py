@@ -1,4 +1,4 @@
-"""Speculative Jacobi decoding (SJD), and CSD on top of it, with per-sample ragged progress.
+"""The window loop: the default decoder (ssd+csd), and SJD, CSD and lossless SSD, which are configurations of it.
 
 One iteration, per sample b with n_b tokens committed (see docs/algorithms.md §1):
   1. window = [last committed token] + K = L - 1 drafts for indices n_b .. n_b + K - 1;
@@ -6,8 +6,16 @@ One iteration, per sample b with n_b tokens committed (see docs/algorithms.md §
   3. `verify` accepts a prefix of the drafts and draws the resampled or bonus token after it;
   4. commit; the target's own samples at the positions after the commit point (Jacobi updates) become
      the next drafts, with their q as draft distribution; the window is topped up with fresh drafts
-     by a `Drafter` (drafters.py): random: uniform token, one-hot p; repeat-left / repeat-above: the
-     neighbouring token, one-hot p; lossless SSD's spatial heads: their drafts with their distributions.
+     by a `Drafter` (drafters.py).
+The configurations (the family table, configs.FAMILIES: drafter x acceptance):
+  sjd      cfg.init's guesses (random: a uniform token; repeat-left / repeat-above: the neighbour), one-hot p;
+           the lossless rule
+  csd      the same drafts; CSD's relaxation (verify.py), within tolerance of AR
+  ssd      SSD's spatial heads (drafters.HeadsDrafter), their drafts with their distributions, over a window of
+           `rows` raster rows (L = rows * W + 1, at most 64), Gumbel-coupled; the lossless rule (`lossless=true`
+           says the same)
+  ssd+csd  the same window and drafts; CSD's relaxation (the default decoder)
+What a window verifies but cannot yet commit is kept for the next forward instead of being drafted again.
 `coupled=True` draws the Jacobi updates by Gumbel-max with one fixed noise vector per position instead of
 fresh noise. A draft whose context has settled then stops changing from one forward to the next, so the
 drafts ahead of the commit point converge to the tokens they will be judged as, instead of being redrawn
@@ -29,31 +37,52 @@ import torch
 
 from . import rng
 from .ar import prefill
-from .configs import SJDConfig  # noqa: F401 - re-exported
-from .drafters import Drafter, guess_drafter
+from .configs import SJDConfig, SSDConfig
+from .drafters import Drafter, HeadsDrafter, guess_drafter
 from .protocol import ImageTokenModel, check_request
 from .sampling import SamplingConfig, gumbel_sample, model_device, processed_probs, sample_from
 from .stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult, Tally
 from .verify import Verdict, entropy, verify
 
 
+def ssd_window(cfg: SSDConfig, W: int) -> SJDConfig:
+    """An SSD config as this loop's settings: a window of `rows` rows after the last committed token (at most
+    64 tokens), coupled, with the config's acceptance."""
+    return SJDConfig(window=min(64, cfg.rows * W + 1), coupled=True, relax=cfg.relax)
+
+
+def _configure(model, sc: SamplingConfig, cfg, heads, batch: int) -> tuple[SJDConfig, Drafter, dict]:
+    """(the loop's settings, the drafter, what the statistics add) for an SJD / CSD or an SSD config."""
+    if not isinstance(cfg, SSDConfig):
+        return cfg, guess_drafter(cfg.init, model.grid, model.n_codes), {}
+    if heads is None:
+        raise ValueError("SSD drafts with its heads: pass heads (engine.load_heads)")
+    win = ssd_window(cfg, model.grid[1])
+    N = model.grid[0] * model.grid[1]
+    drafter = HeadsDrafter(model, heads, sc, cfg.two_d, batch, N + win.window + 2)
+    # the block decoder's per-block lists stay empty: one schema of statistics for every SSD config
+    extra = {"rows": cfg.rows, "lossless": not cfg.relax.active, "commit": "prefix", "two_d": cfg.two_d,
+             "block_sizes": [], "rounds_per_block": []}
+    return win, drafter, extra
+
+
 @torch.no_grad()
-def decode_sjd(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
-               cfg: SJDConfig = SJDConfig(), drafter: Drafter | None = None) -> DecodeResult:
-    """SJD (CSD with cfg.relax active) with fresh drafts from `drafter`, by default cfg.init's."""
+def decode_window(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
+                  cfg: SJDConfig | SSDConfig = SJDConfig(), heads=None) -> DecodeResult:
+    """Decode by the window loop as `cfg` configures it (module doc); heads: SSD's, for an SSD config."""
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
     t0 = time.perf_counter()
     dev = model_device(model)  # every buffer and key below lives on it
     streams = rng.Streams(seeds, dev)
-    drafter = drafter or guess_drafter(cfg.init, model.grid, model.n_codes)
-    jac = _Jacobi(model, sc, cfg, drafter, streams, dev)
+    win, drafter, ssd_extra = _configure(model, sc, cfg, heads, len(prompts))
+    jac = _Jacobi(model, sc, win, drafter, streams, dev)
     out, jac.buf[:, 0] = prefill(model, prompts, sc, streams, jac.tally)
     drafter.begin(out)
     jac.first_window()
     while (jac.n < jac.N).any():
         jac.forward()
-    extra = {"window": cfg.window, "init": drafter.name, "coupled": cfg.coupled, "lam": cfg.relax.lam,
-             "delta": cfg.relax.delta}
+    extra = {"window": win.window, "init": drafter.name, "coupled": win.coupled, "lam": win.relax.lam,
+             "delta": win.relax.delta} | ssd_extra
     stats = jac.tally.stats(model.grid, (time.perf_counter() - t0) / len(prompts), extra)
     return DecodeResult(jac.buf[:, :jac.N].clone(), stats)
 

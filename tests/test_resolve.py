@@ -1,0 +1,89 @@
+"""A calibrated spec resolves to a concrete spec whose text alone reproduces the tokens: decoded here by resolve +
+run, and again in a fresh Python process from nothing but the recorded text, the model's path, the prompts and
+the seeds. The worker records the same text (its `calibrate`), decodes by the text the flow sends, and holds its
+heads itself: nothing is left on the model object."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ssdgen.decoders import DecodeSpec, resolve, run
+from ssdgen.decoders.cost_curve import CostCurve
+from ssdgen.decoders.sampling import SamplingConfig
+from tiny import tiny_with_heads
+
+PROMPTS = ["a large red circle at the center on a flat gray background",
+           "a small blue square at the top left on a wavy beige background",
+           "a green triangle at the bottom right on a flat slate background"]
+SEEDS = [11, 12, 13]
+CALIBRATED = DecodeSpec.of("ssd+csd", None, SamplingConfig(cfg_scale=3.0))  # calibrated=true by default
+
+# a fresh process: the recorded text, the model's bundle and the prompts and seeds, nothing else
+FRESH = """
+import json, sys
+from ssdgen.decoders import DecodeSpec, run
+from ssdgen.models.registry import load_model
+args = json.loads(sys.argv[1])
+model = load_model("reference:" + args["model"], device="cpu", dtype="fp32")
+res = run(DecodeSpec.parse(args["spec"]), model, args["prompts"], args["seeds"])
+print(json.dumps(res.tokens.tolist()))
+"""
+
+
+def _flat_device(monkeypatch, rows: int) -> None:
+    """A device on which every forward costs the same and `rows` rows are measured fastest."""
+    import ssdgen.decoders.calibrate as cal
+    monkeypatch.setattr(cal, "measure_cost_curve", lambda model, prompts, use_cfg, most: CostCurve(
+        len(prompts), (1, 2, 4, 8, 16, 32, 64), (1.0,) * 7))
+    monkeypatch.setattr(cal, "_time_choices", lambda model, prompts, seeds, batch, trial, decode_as: {
+        str(r): 2.0 if r == rows else 1.0 for r in trial})
+
+
+def _fresh(model_path, text: str, prompts: list[str], seeds: list[int]) -> torch.Tensor:
+    arg = json.dumps({"model": str(model_path), "spec": text, "prompts": prompts, "seeds": seeds})
+    out = subprocess.run([sys.executable, "-c", FRESH, arg], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return torch.tensor(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.integration  # a subprocess
+@pytest.mark.parametrize("device", ["measured", "one row fastest"])
+def test_the_resolved_text_alone_reproduces_a_calibrated_decode_in_a_fresh_process(tmp_path, monkeypatch, device):
+    tiny = tiny_with_heads(tmp_path / "t")
+    if device != "measured":
+        _flat_device(monkeypatch, 1)
+    spec, measured = resolve(CALIBRATED, tiny, PROMPTS, SEEDS, 2)
+    if device != "measured":
+        assert str(spec).startswith("ssd+csd:calibrated=false:rows=1:") and measured.why is None
+    text = json.loads(json.dumps({"spec": str(spec), "measurements": measured.to_dict()}))["spec"]  # as recorded
+    here = run(spec, tiny, PROMPTS, SEEDS)
+    assert torch.equal(_fresh(tiny.path, text, PROMPTS, SEEDS), here.tokens)
+    assert not any(k.startswith("_ssd") for k in tiny.__dict__)
+
+
+def test_the_worker_records_the_resolved_text_and_decodes_by_the_text_it_is_sent(tmp_path, monkeypatch):
+    from ssdgen.flows.layout import plan_words
+    from ssdgen.flows.pipeline import _plan_summary
+    from ssdgen.workers.decode_worker import DecodeWorker
+    from ssdgen.workers.settings import WorkerSettings
+    tiny = tiny_with_heads(tmp_path / "t")
+    _flat_device(monkeypatch, 1)
+    w = DecodeWorker(WorkerSettings(model=f"reference:{tiny.path}", decoder=CALIBRATED))
+    rows = [{"prompt_id": f"p{i}", "prompt": p, "seed": s, "error": None}
+            for i, (p, s) in enumerate(zip(PROMPTS, SEEDS))]
+    record = w.calibrate(rows, 2)
+    assert set(record) == {"spec", "measurements"} and record["measurements"]["batch"] == 2
+    got = w.decode(rows, record["spec"])
+    want = run(DecodeSpec.parse(record["spec"]), tiny, PROMPTS, SEEDS)
+    assert [s["tokens"] for s in got["samples"]] == want.tokens.tolist()
+    assert not any(k.startswith("_ssd") for k in w.model.__dict__)
+    summary = _plan_summary(record)
+    assert summary["spec"] == record["spec"] and summary["rows"] == 1 and summary["batch"] == 2
+    assert plan_words(record).startswith("speculating 1 row(s) ahead") and plan_words(summary) == plan_words(record)
+    unresolved = w.decode(rows[:1])["samples"][0]  # no text sent: the actor's own spec, still calibrated
+    assert unresolved["status"] == "error" and "resolve it first" in unresolved["error"]
+    ar = w.decode(rows[:1], str(DecodeSpec("ar", (), CALIBRATED.sampling)))["samples"][0]
+    assert ar["stats"]["ar_fallback"] and ar["stats"]["forwards"] == 16

@@ -16,14 +16,12 @@ change to the decoders means much. The run conditions (CPU count, torch threads,
 did before decoders/rng.py) and the counter-based streams, for an SJD window's uniforms and for a coupled
 window's new Gumbel rows (one per sample per forward).
 
-    python -m bench.host_time [--out FILE.json] [--batches 1,64] [--repeats 5] [--codes 256] [--grid 8]
+    ssdgen dev host-time [--out FILE.json] [--batches 1,64] [--repeats 5] [--codes 256] [--grid 8]
                               [--threads 1]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import tempfile
@@ -161,23 +159,3 @@ def run(batches: list[int], repeats: int, codes: int, grid: int) -> dict:
     return {"what": "host (non-model) wall ms per model forward, tiny reference model", "codes": codes,
             "grid": grid, "repeats": repeats, "warmup_s": decode_warmup["wall_s"], "conditions": conditions(),
             "rows": rows, "rng": rng}
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, help="write the JSON here")
-    ap.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
-    ap.add_argument("--repeats", type=int, default=5, help="decodes per row; the fastest counts")
-    ap.add_argument("--codes", type=int, default=256, help="image-token vocabulary of the tiny model")
-    ap.add_argument("--grid", type=int, default=8, help="image tokens per side")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: least sensitive to other load)")
-    a = ap.parse_args(argv)
-    torch.set_num_threads(a.threads)
-    res = run([int(b) for b in a.batches.split(",") if b.strip()], a.repeats, a.codes, a.grid)
-    if a.out:
-        a.out.write_text(json.dumps(res, indent=1))
-        print(f"wrote {a.out}")
-
-
-if __name__ == "__main__":
-    main()

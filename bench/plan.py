@@ -105,6 +105,3 @@ def main(rows: int = 10_000_000, files: int = 100, workdir: str | None = None) -
     print(json.dumps(result, indent=2))
     return result
 
-
-if __name__ == "__main__":
-    main()

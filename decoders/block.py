@@ -82,7 +82,7 @@ def _budget_full(model, prompts, seeds, sc) -> DecodeResult:
     """Plain AR for a batch that fills the token budget alone: speculation would only add work."""
     res = decode_ar(model, prompts, seeds, sc)
     for st in res.stats:
-        st.extra = {"block_sizes": [], "rounds_per_block": [], "policy": f"ar: {BUDGET_FULL}"}
+        st.extra = {"policy": f"ar: {BUDGET_FULL}"}
         st.ar_fallback = BUDGET_FULL
     return res
 

@@ -1,47 +1,15 @@
-"""Per-sample decoding statistics, kept as plain numbers and arrays so they go straight into Parquet, and the
-`Tally` every decoder (ar, sjd, ssd) keeps them in while it decodes.
-
-Commit codes in `commit_map` (one per image token, raster order):
-  0 COMMIT_AR        plain autoregressive sample (one token from one forward)
-  1 COMMIT_ACCEPTED  a draft token accepted by verification
-  2 COMMIT_RESAMPLED a rejected draft replaced by a sample from the residual distribution
-  3 COMMIT_BONUS     the extra token sampled after a fully accepted window
-  4 COMMIT_RELAXED   a draft token accepted only thanks to CSD's relaxation (the lossless test rejected it)
+"""The `Tally` every decoder (ar, window, block) keeps a batch's statistics in while it decodes, and the result
+it returns; a sample's statistics themselves are `SampleStats` (sample_stats.py, torch-free, re-exported here).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-COMMIT_AR, COMMIT_ACCEPTED, COMMIT_RESAMPLED, COMMIT_BONUS, COMMIT_RELAXED = 0, 1, 2, 3, 4
-COMMIT_NAMES = ("ar", "accepted", "resampled", "bonus", "relaxed")
-
-
-@dataclass
-class SampleStats:
-    forwards: int  # sequential forward passes spent on this sample (prefill included)
-    tokens_per_forward_hist: list[int]  # hist[k] = forwards that committed k tokens
-    acceptance_rate: float  # accepted drafts / drafts verified (nan when nothing was drafted)
-    commit_map: np.ndarray  # [H, W] int8, COMMIT_* codes
-    mean_entropy: float  # mean entropy (nats) of the processed target distribution per token
-    relaxed: int = 0  # acceptances that needed a relaxation (CSD) rather than the lossless rule
-    seconds: float = 0.0  # wall-clock share of this sample (batch time / batch size)
-    ar_fallback: str | None = None  # why a speculative decoder decoded it as plain AR; None: it did not
-    extra: dict = field(default_factory=dict)  # decoder-specific (block sizes, rounds, ...)
-
-    @property
-    def tokens_per_forward(self) -> float:
-        return int(self.commit_map.size) / max(1, self.forwards)
-
-    def to_row(self) -> dict:
-        """A flat dict of plain Python / numpy values (the commit map as a flat int8 list)."""
-        row = asdict(self)
-        row["commit_map"] = self.commit_map.reshape(-1).astype(np.int8).tolist()
-        row["tokens_per_forward"] = self.tokens_per_forward
-        return row
+from .sample_stats import (COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_NAMES,  # noqa: F401 (re-exported)
+                           COMMIT_RELAXED, COMMIT_RESAMPLED, SampleStats)
 
 
 @dataclass
@@ -102,7 +70,7 @@ class Tally:
             self.rounds[b].append(rounds_host[b])
 
     def stats(self, grid: tuple[int, int], seconds: float, extra: dict) -> list[SampleStats]:
-        """Per-sample statistics; `extra` (decoder settings) goes to every sample, after SSD's per-block lists."""
+        """Per-sample statistics; `extra` (decoder settings) goes to every sample."""
         N = grid[0] * grid[1]
         commit = self.commit[:, :N].cpu().numpy()
         forwards, ent_sum, drafted, accepted, relaxed = (
@@ -110,14 +78,15 @@ class Tally:
         hist = None if self.hist is None else self.hist.cpu()
         stats = []
         for b in range(commit.shape[0]):
-            per_block = {} if hist is not None else {"block_sizes": self.blocks[b], "rounds_per_block": self.rounds[b]}
+            blocks = hist is None  # the block decoder records its blocks, the others a histogram
             stats.append(SampleStats(
                 forwards=int(forwards[b]),
                 tokens_per_forward_hist=_trimmed(hist[b].tolist()) if hist is not None else
                 _spread(self.blocks[b], self.rounds[b]),
                 acceptance_rate=float(accepted[b] / drafted[b]) if drafted[b] else float("nan"),
                 commit_map=commit[b].reshape(grid), mean_entropy=float(ent_sum[b] / N),
-                relaxed=int(relaxed[b]), seconds=seconds, extra=per_block | extra))
+                relaxed=int(relaxed[b]), block_sizes=self.blocks[b] if blocks else None,
+                rounds_per_block=self.rounds[b] if blocks else None, seconds=seconds, extra=extra))
         return stats
 
 

@@ -60,9 +60,7 @@ def _configure(model, sc: SamplingConfig, cfg, heads, batch: int) -> tuple[SJDCo
     win = ssd_window(cfg, model.grid[1])
     N = model.grid[0] * model.grid[1]
     drafter = HeadsDrafter(model, heads, sc, cfg.two_d, batch, N + win.window + 2)
-    # the block decoder's per-block lists stay empty: one schema of statistics for every SSD config
-    extra = {"rows": cfg.rows, "lossless": not cfg.relax.active, "commit": "prefix", "two_d": cfg.two_d,
-             "block_sizes": [], "rounds_per_block": []}
+    extra = {"rows": cfg.rows, "lossless": not cfg.relax.active, "commit": "prefix", "two_d": cfg.two_d}
     return win, drafter, extra
 
 

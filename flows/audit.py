@@ -74,10 +74,11 @@ def audit_table(rows: list[dict], label: str) -> pa.Table:
     return pa.Table.from_pylist([r | {"decoder": label} for r in rows], schema=AUDIT_SCHEMA)
 
 
-def shard_audit(results: list[dict], devices: float) -> tuple[list[dict], dict]:
-    """A shard's batch results -> its audit rows and the marker's `audit` record (seconds, device-seconds)."""
-    rows = [a for r in results for a in r.get("audit", [])]
-    seconds = sum(r.get("audit_s", 0.0) for r in results)
+def shard_audit(results: list, devices: float) -> tuple[list[dict], dict]:
+    """A shard's batch results (workers.results.BatchResult) -> its audit rows and the marker's `audit` record
+    (seconds, device-seconds)."""
+    rows = [a for r in results for a in r.audit]
+    seconds = sum(r.audit_s for r in results)
     return rows, {"rows": len(rows), "seconds": seconds, "device_seconds": seconds * devices}
 
 

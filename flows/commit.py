@@ -24,13 +24,11 @@ def shard_marker(job, cfg) -> tuple[dict, object, object, object | None]:
     """A decoded shard (flows.window.Job) as (its marker before the commit, the images table, the stats table,
     the audit table or None without an audit)."""
     dev = cfg.devices_per_actor
-    samples = [s for r in job.results for s in r["samples"]]
-    for s in samples:
-        s["device_seconds"] = s["latency_s"] * dev
-    images, stats = shard_tables(samples, job.rows, cfg.decoder.label, cfg.model, cfg.image_format)
+    samples = {pid: s for r in job.results for pid, s in r.samples.items()}
+    images, stats = shard_tables(samples, job.rows, cfg.decoder.label, cfg.model, cfg.image_format, dev)
     audited, audit = shard_audit(job.results, dev)
     audit_t = audit_table(audited, cfg.audit_label) if cfg.audit > 0 else None
-    errors = Counter(s["error"] for s in samples if s["status"] != "ok")
+    errors = Counter(s.error for s in samples.values() if not s.ok)
     # the actor's audit seconds leave the shard's time: the images are costed without it, the audit apart
     wall = max(0.0, job.alloc_s - audit["seconds"])
     marker = {"shard": job.shard.id, "rows": len(samples), "ok": len(samples) - sum(errors.values()),

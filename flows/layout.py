@@ -34,6 +34,8 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ssdgen.decoders.sample_stats import stat_columns
+
 from .marker import Marker, file_kind  # noqa: F401 (file_kind re-exported)
 from .store import CorruptMarker, Store, StorageError, storage_error as _storage_error  # noqa: F401 (re-exported)
 
@@ -69,14 +71,13 @@ def _hf_metadata(fields: list[tuple[str, pa.DataType]]) -> dict[bytes, bytes]:
 
 
 IMAGES_SCHEMA = pa.schema(_IMAGES_FIELDS, metadata=_hf_metadata(_IMAGES_FIELDS))
-STATS_SCHEMA = pa.schema([
-    ("prompt_id", pa.string()), ("status", pa.string()), ("error", pa.string()), ("decoder", pa.string()),
-    ("forwards", pa.int32()), ("acceptance_rate", pa.float64()), ("tokens_per_forward", pa.float64()),
-    ("tokens_per_forward_hist", pa.list_(pa.int32())), ("commit_map", pa.list_(pa.int8())),
-    ("grid_height", pa.int32()), ("grid_width", pa.int32()), ("mean_entropy", pa.float64()),
-    ("relaxed", pa.int32()), ("block_sizes", pa.list_(pa.int32())), ("rounds_per_block", pa.list_(pa.int32())),
-    ("latency_s", pa.float64()), ("device_seconds", pa.float64()),
-])
+_ARROW = {"int8": pa.int8(), "int32": pa.int32(), "float64": pa.float64(), "list<int8>": pa.list_(pa.int8()),
+          "list<int32>": pa.list_(pa.int32())}
+# the sample's own columns, then every statistic as decoders/sample_stats.py defines it, then the pipeline's
+_SAMPLE = [("prompt_id", pa.string()), ("status", pa.string()), ("error", pa.string()), ("decoder", pa.string()),
+           ("grid_height", pa.int32()), ("grid_width", pa.int32())]
+STAT_COLUMNS = [(name, _ARROW[kind]) for name, kind in stat_columns()]
+STATS_SCHEMA = pa.schema(_SAMPLE + STAT_COLUMNS + [("latency_s", pa.float64()), ("device_seconds", pa.float64())])
 
 
 MANIFEST_SCHEMA = pa.schema([
@@ -318,32 +319,24 @@ def _changed_input(old: list[dict], new: list[dict]) -> str | None:
     return min(gone) if gone else None
 
 
-def shard_tables(samples: list[dict], rows: list[dict], decoder: str, model: str,
-                 image_format: str = "png") -> tuple[pa.Table, pa.Table]:
-    """Decoded samples (workers.decode_worker) + their input rows -> (images table, stats table). A failed
-    sample's `image` is null (not a struct of nulls), so readers filter it with an ordinary null check."""
+def shard_tables(samples: dict, rows: list[dict], decoder: str, model: str, image_format: str = "png",
+                 devices: float = 1.0) -> tuple[pa.Table, pa.Table]:
+    """Decoded samples (prompt_id -> workers.results.Sample) + their input rows -> (images table, stats table), a
+    row per input row, paired by prompt_id. A failed sample's `image` is null (not a struct of nulls), so
+    readers filter it with an ordinary null check. devices: an actor's, for each sample's device-seconds."""
     img_rows, stat_rows = [], []
-    for r, s in zip(rows, samples):
-        grid = s["grid"] or [None, None]
+    for r in rows:
+        s = samples[r["prompt_id"]]
+        grid = s.grid or (None, None)
         img_rows.append({"prompt_id": r["prompt_id"], "prompt": r["prompt"], "seed": r["seed"], "decoder": decoder,
-                         "model": model, "image": None if s["image"] is None else {"bytes": s["image"], "path": None},
-                         "image_format": image_format,
-                         "width": s["width"], "height": s["height"],
-                         "grid_height": grid[0], "grid_width": grid[1], "tokens": s["tokens"]})
-        st = s["stats"] or {}
-        extra = st.get("extra", {})
-        stat_rows.append({
-            "prompt_id": r["prompt_id"], "status": s["status"], "error": s["error"], "decoder": decoder,
-            "forwards": st.get("forwards"), "acceptance_rate": st.get("acceptance_rate"),
-            "tokens_per_forward": st.get("tokens_per_forward"),
-            "tokens_per_forward_hist": st.get("tokens_per_forward_hist"), "commit_map": st.get("commit_map"),
-            "grid_height": grid[0], "grid_width": grid[1], "mean_entropy": st.get("mean_entropy"),
-            "relaxed": st.get("relaxed"), "block_sizes": _ints(extra.get("block_sizes")),
-            "rounds_per_block": _ints(extra.get("rounds_per_block")), "latency_s": s["latency_s"],
-            "device_seconds": s.get("device_seconds", 0.0)})
+                         "model": model, "image": None if s.image is None else {"bytes": s.image, "path": None},
+                         "image_format": image_format, "width": s.width, "height": s.height,
+                         "grid_height": grid[0], "grid_width": grid[1], "tokens": s.tokens})
+        st = s.stats or {}  # SampleStats.to_row(), or none for a failed sample
+        stat_rows.append({"prompt_id": r["prompt_id"], "status": s.status, "error": s.error,
+                          "decoder": decoder, "grid_height": grid[0], "grid_width": grid[1]}
+                         | {name: st.get(name) for name, _ in STAT_COLUMNS}
+                         | {"latency_s": s.latency_s, "device_seconds": s.latency_s * devices})
     return (pa.Table.from_pylist(img_rows, schema=IMAGES_SCHEMA),
             pa.Table.from_pylist(stat_rows, schema=STATS_SCHEMA))
 
-
-def _ints(x):
-    return None if x is None else [int(v) for v in x]

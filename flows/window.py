@@ -23,7 +23,7 @@ class Job:
         self.shard, self.ticket = shard, ticket
         self.rows: list[dict] = []
         self.batches: list[list[dict]] = []
-        self.results: list[dict | None] = []
+        self.results: list = []  # a workers.results.BatchResult per batch, None until it is back
         self.refs: dict[int, object] = {}  # batch -> its ObjectRef, kept alive until its event is handled
         self.actor = None  # the flows.scheduling.Actor it was given to
         self.gen = self.deaths = 0  # gen: bumped on each resubmission; late events of an older one are ignored
@@ -38,12 +38,12 @@ class Job:
         self.batches = [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
         self.results = [None] * len(self.batches)
 
-    def take(self, i: int, r: dict) -> bool:
-        """Batch i came back decoded; True when it was the shard's last one missing."""
+    def take(self, i: int, r) -> bool:
+        """Batch i came back decoded (a BatchResult); True when it was the shard's last one missing."""
         self.results[i] = r
-        self.busy_s += r["busy_s"]
-        self.load_s += r.get("load_s", 0.0)
-        self.where = r.get("worker", self.where)
+        self.busy_s += r.busy_s
+        self.load_s += r.load_s
+        self.where = r.worker or self.where
         return all(x is not None for x in self.results)
 
     def missing(self) -> list[int]:

@@ -137,7 +137,7 @@ def test_calibrated_block_decoder_follows_the_device(tmp_path, monkeypatch):
     assert timed == [[2, 3, 4]] and spec.config().max_rows == 4 and speculative_rows(spec) == 4
     assert tuple(m.cost_curve["tokens"]) == SIZES
     one = run(spec, tiny, PROMPTS[:1], [0])
-    assert max(one.stats[0].extra["block_sizes"]) == 4 * W - 1  # all rows after the prefill's token in one block
+    assert max(one.stats[0].block_sizes) == 4 * W - 1  # all rows after the prefill's token in one block
 
 
 def test_measured_curve_on_a_real_model(tmp_path):

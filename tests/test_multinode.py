@@ -91,7 +91,7 @@ def _spy_batches(monkeypatch) -> list[tuple[int, int, str | None]]:
 
     def on_batch(self, job, i, gen, fut):
         ok = fut.exception() is None
-        seen.append((job.shard.id, gen, fut.result().get("worker", {}).get("node_id") if ok else None))
+        seen.append((job.shard.id, gen, fut.result().worker.get("node_id") if ok else None))
         return handle(self, job, i, gen, fut)
 
     monkeypatch.setattr(Dispatcher, "_on_batch", on_batch)

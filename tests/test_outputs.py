@@ -47,12 +47,12 @@ def _shard(tmp_path, fmt="webp"):
     """One committed-style images.parquet written by the layout code: two ok images and one error row."""
     from ssdgen.flows.layout import Output, shard_tables
     from ssdgen.workers.decode_worker import encode_image
+    from ssdgen.workers.results import Sample
     rows = [{"prompt_id": f"p{i}", "prompt": f"prompt {i}", "seed": i} for i in range(3)]
-    samples = [{"image": encode_image(_pixels(i, 16 + 8 * i), fmt, 90), "width": 16 + 8 * i, "height": 16 + 8 * i,
-                "grid": [2, 2], "tokens": [1, 2, 3, 4], "stats": None, "status": "ok", "error": None,
-                "latency_s": 0.1} for i in range(2)]
-    samples.append({"image": None, "width": None, "height": None, "grid": None, "tokens": None, "stats": None,
-                    "status": "error", "error": "bad", "latency_s": 0.0})
+    samples = {f"p{i}": Sample(f"p{i}", "ok", image=encode_image(_pixels(i, 16 + 8 * i), fmt, 90),
+                               width=16 + 8 * i, height=16 + 8 * i, grid=(2, 2), tokens=[1, 2, 3, 4], latency_s=0.1)
+               for i in range(2)}
+    samples["p2"] = Sample.failed("p2", "bad")
     images, _ = shard_tables(samples, rows, "ar", "tiny", fmt)
     out = Output(str(tmp_path / "run"))
     rec = out.write_table(out.path("shards", "000000", "attempt-x", "images.parquet"), images)

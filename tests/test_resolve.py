@@ -78,12 +78,12 @@ def test_the_worker_records_the_resolved_text_and_decodes_by_the_text_it_is_sent
     assert set(record) == {"spec", "measurements"} and record["measurements"]["batch"] == 2
     got = w.decode(rows, record["spec"])
     want = run(DecodeSpec.parse(record["spec"]), tiny, PROMPTS, SEEDS)
-    assert [s["tokens"] for s in got["samples"]] == want.tokens.tolist()
+    assert [s.tokens for s in got.samples.values()] == want.tokens.tolist()
     assert not any(k.startswith("_ssd") for k in w.model.__dict__)
     summary = _plan_summary(record)
     assert summary["spec"] == record["spec"] and summary["rows"] == 1 and summary["batch"] == 2
     assert plan_words(record).startswith("speculating 1 row(s) ahead") and plan_words(summary) == plan_words(record)
-    unresolved = w.decode(rows[:1])["samples"][0]  # no text sent: the actor's own spec, still calibrated
-    assert unresolved["status"] == "error" and "resolve it first" in unresolved["error"]
-    ar = w.decode(rows[:1], str(DecodeSpec("ar", (), CALIBRATED.sampling)))["samples"][0]
-    assert ar["stats"]["ar_fallback"] and ar["stats"]["forwards"] == 16
+    (unresolved,) = w.decode(rows[:1]).samples.values()  # no text sent: the actor's own spec, still calibrated
+    assert unresolved.status == "error" and "resolve it first" in unresolved.error
+    (ar,) = w.decode(rows[:1], str(DecodeSpec("ar", (), CALIBRATED.sampling))).samples.values()
+    assert ar.stats["ar_fallback"] and ar.stats["forwards"] == 16

@@ -55,9 +55,8 @@ def test_row_group_cache_reads_the_same_rows_and_stays_bounded(tmp_path):
 def _commit(out, shard: int, attempts: int = 1) -> None:
     from ssdgen.flows.layout import shard_tables
     rows = [{"prompt_id": f"s{shard}", "prompt": "x", "seed": 1}]
-    sample = {"image": None, "width": None, "height": None, "grid": None, "tokens": None, "stats": None,
-              "status": "ok", "error": None, "latency_s": 0.1}
-    images, stats = shard_tables([sample], rows, "ar", "tiny")
+    from ssdgen.workers.results import Sample
+    images, stats = shard_tables({f"s{shard}": Sample(f"s{shard}", "ok", latency_s=0.1)}, rows, "ar", "tiny")
     for _ in range(attempts):  # earlier attempts lose: only the last commits
         a = out.new_attempt(shard)
         files = [out.write_table(f"{a}/images.parquet", images), out.write_table(f"{a}/stats.parquet", stats)]

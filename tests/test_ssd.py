@@ -63,9 +63,9 @@ def test_lossy_ssd_stats(tiny):
     res = decode("ssd", tiny, PROMPTS[:2], [0, 1], SAMPLED, {"rows": 2, "rounds": 1, "commit": "block"})
     for s in res.stats:
         bonuses = int((s.commit_map == COMMIT_BONUS).sum())
-        assert 1 + sum(s.extra["block_sizes"]) + bonuses == 16  # prefill token + blocks + bonus tokens
-        assert s.forwards == 1 + sum(s.extra["rounds_per_block"])
-        assert all(r <= 2 for r in s.extra["rounds_per_block"])
+        assert 1 + sum(s.block_sizes) + bonuses == 16  # prefill token + blocks + bonus tokens
+        assert s.forwards == 1 + sum(s.rounds_per_block)
+        assert all(r <= 2 for r in s.rounds_per_block)
 
 
 def test_token_budget_shrinks_blocks_and_falls_back_to_ar_when_the_batch_fills_it(tiny):
@@ -73,9 +73,9 @@ def test_token_budget_shrinks_blocks_and_falls_back_to_ar_when_the_batch_fills_i
     params = {"rows": 2, "max_rows": 3, "rounds": 1, "adaptive": True, "token_budget": 4 * W, "calibrated": False,
               "commit": "block"}
     one = decode("ssd+csd", tiny, PROMPTS[:1], [0], SAMPLED, params)  # 4 rows fit, capped at max_rows
-    assert W < max(one.stats[0].extra["block_sizes"]) <= 3 * W  # block sizes are in tokens
+    assert W < max(one.stats[0].block_sizes) <= 3 * W  # block sizes are in tokens
     four = decode("ssd+csd", tiny, PROMPTS[:4], [0, 1, 2, 3], SAMPLED, params)  # one row each
-    assert all(max(s.extra["block_sizes"]) <= W for s in four.stats)
+    assert all(max(s.block_sizes) <= W for s in four.stats)
     eight = decode("ssd+csd", tiny, PROMPTS[:4] * 2, list(range(8)), SAMPLED, params)  # no headroom: plain AR
     ar = decode("ar", tiny, PROMPTS[:4] * 2, list(range(8)), SAMPLED)
     assert torch.equal(eight.tokens, ar.tokens)

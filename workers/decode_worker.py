@@ -21,6 +21,7 @@ import os
 import time
 import numpy as np
 
+from .results import BatchResult, Sample
 from .settings import WorkerSettings
 
 
@@ -145,28 +146,25 @@ class DecodeWorker:
             self.specs[text] = DecodeSpec.parse(text)
         self.current = self.specs[text]
 
-    def decode(self, rows: list[dict], spec: str | None = None) -> dict:
+    def decode(self, rows: list[dict], spec: str | None = None) -> BatchResult:
         """rows: [{prompt_id, prompt, seed, error[, audit_seed]}]; spec: the run's resolved spec text (flows.pipeline)
-        -> {"samples": [...], "busy_s": float,
-        "audit": [...], "audit_s": float, "load_s": float, "worker": {pid, node_id, device}}; busy_s leaves out
-        the audit (see `_audit`). load_s is this incarnation's model load on its first batch, else 0, and
-        `worker` says where it ran: the flow needs no extra call per shard to learn either.
-
-        Each sample: prompt_id, status ("ok" | "error"), error, image (bytes in the spec's format), width, height,
-        tokens, stats (a flat dict, see decoders.stats.SampleStats.to_row), latency_s."""
+        -> a BatchResult (workers/results.py): the samples keyed by prompt_id; busy_s leaves out the audit (see
+        `_audit`); load_s is this incarnation's model load on its first batch, else 0, and `worker` says where it
+        ran: the flow needs no extra call per shard to learn either."""
         self._use_spec(spec)
         t0 = time.perf_counter()
-        out: dict[str, dict] = {}
+        out: dict[str, Sample] = {}
         good = []
         for r in rows:
             if r.get("error"):
-                out[r["prompt_id"]] = _error(r, r["error"])
+                out[r["prompt_id"]] = Sample.failed(r["prompt_id"], r["error"])
                 continue
             try:
                 self.model.validate_prompts([r["prompt"]])
                 good.append(r)
             except ValueError as e:  # CaptionError and friends: a bad prompt, not a bad batch
-                out[r["prompt_id"]] = _error(r, f"invalid prompt: {str(e).removeprefix('prompt 0: ')}")
+                out[r["prompt_id"]] = Sample.failed(r["prompt_id"],
+                                                    f"invalid prompt: {str(e).removeprefix('prompt 0: ')}")
         groups = [good] if good else []
         try:
             for g in groups:
@@ -177,18 +175,18 @@ class DecodeWorker:
                 try:
                     self._decode_group([r], out)
                 except Exception as e:  # noqa: BLE001
-                    out[r["prompt_id"]] = _error(r, f"decoding failed: {type(e).__name__}: {e}")
+                    out[r["prompt_id"]] = Sample.failed(r["prompt_id"], f"decoding failed: {type(e).__name__}: {e}")
         self._sync()
         busy = time.perf_counter() - t0  # the audit below is not the images' work: it is timed on its own
         audit, audit_s = self._audit(rows, out)
-        return {"samples": [out[r["prompt_id"]] for r in rows], "busy_s": busy, "audit": audit, "audit_s": audit_s,
-                "load_s": self.take_load_seconds(), "worker": self.where}
+        return BatchResult({r["prompt_id"]: out[r["prompt_id"]] for r in rows}, busy, audit, audit_s,
+                           self.take_load_seconds(), self.where)
 
-    def _audit(self, rows: list[dict], out: dict) -> tuple[list[dict], float]:
+    def _audit(self, rows: list[dict], out: dict[str, Sample]) -> tuple[list[dict], float]:
         """Audit the decoded rows the flow marked with an `audit_seed` (flows.audit): the target's NLL per token
         of the tokens just decoded, and of an `ar` sample of the same prompts from the audit seed. Returns the
         audit rows (without the decoder label, which the flow adds) and the audit's seconds."""
-        todo = [r for r in rows if r.get("audit_seed") is not None and out[r["prompt_id"]]["status"] == "ok"]
+        todo = [r for r in rows if r.get("audit_seed") is not None and out[r["prompt_id"]].ok]
         if not todo:
             return [], 0.0
         import torch
@@ -196,7 +194,7 @@ class DecodeWorker:
         from ssdgen.decoders.fidelity import target_nll
         t0 = time.perf_counter()
         prompts = [r["prompt"] for r in todo]
-        tokens = torch.tensor([out[r["prompt_id"]]["tokens"] for r in todo], dtype=torch.long)
+        tokens = torch.tensor([out[r["prompt_id"]].tokens for r in todo], dtype=torch.long)
         nll = target_nll(self.model, prompts, tokens, self.sc)
         ar = decode("ar", self.model, prompts, [int(r["audit_seed"]) for r in todo], self.sc)
         ar_nll = target_nll(self.model, prompts, ar.tokens, self.sc)
@@ -204,21 +202,19 @@ class DecodeWorker:
         per = (time.perf_counter() - t0) / len(todo)
         return [{"prompt_id": r["prompt_id"], "seed": int(r["seed"]), "nll_per_token": float(nll[i]),
                  "ar_seed": int(r["audit_seed"]), "ar_nll_per_token": float(ar_nll[i]),
-                 "forwards": out[r["prompt_id"]]["stats"]["forwards"], "ar_forwards": ar.stats[i].forwards,
+                 "forwards": out[r["prompt_id"]].stats["forwards"], "ar_forwards": ar.stats[i].forwards,
                  "audit_seconds": per} for i, r in enumerate(todo)], per * len(todo)
 
-    def _decode_group(self, group: list[dict], out: dict) -> None:
+    def _decode_group(self, group: list[dict], out: dict[str, Sample]) -> None:
         t0 = time.perf_counter()
         tokens, images, stats = self._decode([r["prompt"] for r in group], [int(r["seed"]) for r in group])
         self._sync()
         per = (time.perf_counter() - t0) / len(group)
         for r, tok, img, st in zip(group, tokens, images, stats):
-            row = st.to_row()
-            out[r["prompt_id"]] = {
-                "prompt_id": r["prompt_id"], "status": "ok", "error": None,
-                "image": encode_image(img, self.spec.image_format, self.spec.quality),
-                "width": int(img.shape[1]), "height": int(img.shape[0]), "tokens": tok.astype(np.int32).tolist(),
-                "grid": list(st.commit_map.shape), "stats": row, "latency_s": per}
+            out[r["prompt_id"]] = Sample(
+                r["prompt_id"], "ok", image=encode_image(img, self.spec.image_format, self.spec.quality),
+                width=int(img.shape[1]), height=int(img.shape[0]), tokens=tok.astype(np.int32).tolist(),
+                grid=tuple(st.commit_map.shape), stats=st.to_row(), latency_s=per)
 
 
 def _node_id() -> str | None:
@@ -229,8 +225,3 @@ def _node_id() -> str | None:
         return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
     except ImportError:
         return None
-
-
-def _error(row: dict, message: str) -> dict:
-    return {"prompt_id": row["prompt_id"], "status": "error", "error": message, "image": None, "width": None,
-            "height": None, "tokens": None, "grid": None, "stats": None, "latency_s": 0.0}

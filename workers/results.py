@@ -1,0 +1,43 @@
+"""What an actor returns for a batch: typed records the flow reads by attribute, never by string.
+
+A `Sample` is one prompt's outcome (its image bytes, token grid and statistics, or its error); a `BatchResult`
+holds a batch's samples keyed by prompt_id (in the batch's order), with the batch's busy time, its audit rows and
+the actor's load time and whereabouts. The flow pairs each sample with its input row by prompt_id
+(flows.layout.shard_tables), never by position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Sample:
+    prompt_id: str
+    status: str  # "ok" | "error"
+    error: str | None = None
+    image: bytes | None = None  # encoded as the run's image_format
+    width: int | None = None
+    height: int | None = None
+    tokens: list[int] | None = None  # the image token grid, raster order
+    grid: tuple[int, int] | None = None  # (rows, columns) of tokens
+    stats: dict | None = None  # decoders.sample_stats.SampleStats.to_row()
+    latency_s: float = 0.0  # this sample's share of its decode call
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def failed(cls, prompt_id: str, message: str) -> "Sample":
+        return cls(prompt_id, "error", message)
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    samples: dict[str, Sample]  # prompt_id -> sample, in the batch's order
+    busy_s: float  # the batch's decode and encode, without the audit
+    audit: list[dict] = field(default_factory=list)  # flows.audit's rows for the rows marked to audit
+    audit_s: float = 0.0
+    load_s: float = 0.0  # this actor incarnation's model load, on its first batch only
+    worker: dict = field(default_factory=dict)  # {pid, node_id, device}: where it ran

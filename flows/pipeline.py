@@ -38,14 +38,14 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 
 from ssdgen.decoders.configs import CALIBRATION_PROMPTS
-from ssdgen.decoders.spec import DecodeSpec, speculative_rows
+from ssdgen.decoders.spec import DecodeSpec
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from tqdm import tqdm
 
-from .audit import DEFAULT_TOLERANCE, audit_rows
+from .audit import audit_rows
 from .audit import summarize as audit_summary, warning as audit_warning
-from .cost import Price, cost_table, price_for, run_summary
+from .cost import Price, cost_table, run_summary
 from . import cluster
 from .dispatch import Dispatcher
 from .settings import RunSettings
@@ -55,8 +55,8 @@ from .interrupts import Interrupted, StopSignals
 from .layout import CONFIG, PLAN, SUMMARY, Output, plan_words
 from .lease import LEASE_DIR, Lease
 from .prepare import Prepared, check_output, clear, describe, output_size, prepare
-from .verify import damaged_shards, set_aside
-from .reader import MarkerFold
+from .verify import set_aside
+from .reader import MarkerFold, plan_summary, run_status  # noqa: F401 (run_status re-exported)
 from .plan import ShardPlan, read_shard
 
 # How long a shard waits for its actor's restart. After a node loss the restart waits for free resources: an
@@ -284,21 +284,11 @@ def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict
                 "batch_size": cfg.batch_size, "image_format": cfg.image_format, "format": cfg.format,
                 "actors": cfg.actors, "device_type": cfg.device_type,
                 "commit_latency_s": ran["commit_latency_s"], "audit": _audit(cfg, out, fold.audit, prep.price),
-                "decode_plan": _plan_summary(out.read_plan()), "interrupted": ran.get("interrupted") is not None,
+                "decode_plan": plan_summary(out.read_plan()), "interrupted": ran.get("interrupted") is not None,
                 "manifest": manifest, "finished_at": datetime.now(timezone.utc).isoformat()}
     summary["summary"] = out.write_summary(summary)
     _artifacts(summary, fold.errors)
     return summary
-
-
-def _plan_summary(plan: dict | None) -> dict | None:
-    """The recorded resolution (_plan.json) as summary.json shows it: the resolved spec, the rows it speculates
-    with (0: plain AR) and the rates that chose them (the cost curve stays in _plan.json)."""
-    if plan is None:
-        return None
-    m = plan["measurements"]
-    return {"spec": plan["spec"], "rows": speculative_rows(DecodeSpec.parse(plan["spec"]))} | {
-        k: m[k] for k in ("batch", "estimates", "measured", "seconds")}
 
 
 def _artifacts(summary: dict, errors: Counter) -> None:
@@ -307,38 +297,6 @@ def _artifacts(summary: dict, errors: Counter) -> None:
     lines = [f"- {n} × {msg}" for msg, n in errors.most_common(20)] or ["- none"]
     create_markdown_artifact(markdown="## Failed samples\n" + "\n".join(lines), key="ssdgen-failures",
                              description="Per-sample errors in committed shards")
-
-
-def run_status(url: str, deep: bool = False) -> dict:
-    """Shards done, pending, failed and damaged, the cost, the audit and the decode plan so far, from the
-    markers (no Prefect, no Ray). Every committed file is checked cheaply (sizes, ETags), or read back and
-    hashed with `deep`."""
-    out = Output(url)
-    conf = out.read_config()
-    total_rows = sum(i["rows"] for i in conf["inputs"])
-    n_shards = -(-total_rows // conf["shard_size"])
-    done = out.committed_ids(n_shards)
-    damaged = [d for d in damaged_shards(out, deep=deep) if d.shard < n_shards]
-    for d in damaged:
-        done[d.shard] = 0
-    recorded = out.read_json(SUMMARY) or {}
-    failed = {int(k): v for k, v in recorded.get("shards_failed", {}).items() if int(k) < n_shards and not done[int(k)]}
-    bad = frozenset(d.shard for d in damaged)
-    fold = MarkerFold(out, audit=bool(conf.get("audit")), manifest=False, skip=bad)
-    ok = n_failed = 0
-    for m in fold.markers():
-        ok, n_failed = ok + m.ok, n_failed + m.failed
-    cost = price = None
-    if len(fold.device_types) == 1:  # a second pass, only for a run on one device type
-        price = price_for(fold.device_types.pop())
-        cost = run_summary((m.to_dict() for m in out.iter_markers(skip=bad)), price, wall_s=fold.wall_s)
-    audit = None
-    if conf.get("audit"):
-        audit = audit_summary(out, fold.audit, conf["audit"], conf.get("audit_tolerance", DEFAULT_TOLERANCE), price)
-    committed = done.count(1)
-    return {"out": url, "shards_total": n_shards, "shards_done": committed, "shards_failed": failed,
-            "shards_pending": n_shards - committed - len(failed), "images_ok": ok, "images_failed": n_failed,
-            "damaged": damaged, "cost": cost, "audit": audit, "decode_plan": _plan_summary(out.read_plan())}
 
 
 __all__ = ["RunSettings", "generate", "execute", "run_status", "plan_words", "InputError", "Interrupted"]

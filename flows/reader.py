@@ -1,5 +1,8 @@
-"""Reading a run's committed output from Python: only what the commit markers name, never an uncommitted or
-losing attempt, and never a file twice.
+"""The one reader of a run's committed output: only what the commit markers name, never an uncommitted or
+losing attempt, and never a file twice. Everything that reads a run goes through here: `ssdgen.open_run` and
+`committed_shards` (Python), `read_run` (`ssdgen report`), `open_run` (`ssdgen demo`'s grid), `run_status` and
+`MarkerFold` (`ssdgen status`, and the run's own summary at its end), `shard_images` (Parquet or tar), and
+flows/export.py (`ssdgen export`).
 
     import ssdgen
     ds = ssdgen.open_run("s3://bucket/run")                # images joined with their statistics
@@ -31,7 +34,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from ssdgen.decoders.spec import DecodeSpec, speculative_rows
+
+from .audit import DEFAULT_TOLERANCE, summarize as audit_summary
+from .cost import price_for, run_summary
 from .layout import CONFIG, IMAGES_SCHEMA, MANIFEST, MANIFEST_SCHEMA, STATS_SCHEMA, SUMMARY, Output, manifest_row
+from .verify import damaged_shards
 
 
 def committed_shards(url: str, fresh: bool = False) -> pa.Table:
@@ -118,7 +126,6 @@ def read_run(url: str, samples: int = 24) -> dict:
     """Everything a report of the run shows, read as `open_run` reads: the committed shards but the damaged ones
     (left out and named, never read), their statistics, their image rows (bytes kept for the first `samples` ok
     images only), their markers, the summary, config and plan. Raises FileNotFoundError with no committed shard."""
-    from .verify import damaged_shards
     out = Output(url)
     damaged = list(damaged_shards(out))
     markers = {m.shard: m for m in out.iter_markers(skip=frozenset(d.shard for d in damaged))}
@@ -169,4 +176,46 @@ class MarkerFold:
             yield m
 
 
-__all__ = ["open_run", "committed_shards", "read_run", "shard_images", "MarkerFold"]
+def plan_summary(plan: dict | None) -> dict | None:
+    """The recorded resolution (_plan.json) as summary.json shows it: the resolved spec, the rows it speculates
+    with (0: plain AR) and the rates that chose them (the cost curve stays in _plan.json)."""
+    if plan is None:
+        return None
+    m = plan["measurements"]
+    return {"spec": plan["spec"], "rows": speculative_rows(DecodeSpec.parse(plan["spec"]))} | {
+        k: m[k] for k in ("batch", "estimates", "measured", "seconds")}
+
+
+def run_status(url: str, deep: bool = False) -> dict:
+    """Shards done, pending, failed and damaged, the cost, the audit and the decode plan so far, from the
+    markers (no Prefect, no Ray). Every committed file is checked cheaply (sizes, ETags), or read back and
+    hashed with `deep`."""
+    out = Output(url)
+    conf = out.read_config()
+    total_rows = sum(i["rows"] for i in conf["inputs"])
+    n_shards = -(-total_rows // conf["shard_size"])
+    done = out.committed_ids(n_shards)
+    damaged = [d for d in damaged_shards(out, deep=deep) if d.shard < n_shards]
+    for d in damaged:
+        done[d.shard] = 0
+    recorded = out.read_json(SUMMARY) or {}
+    failed = {int(k): v for k, v in recorded.get("shards_failed", {}).items() if int(k) < n_shards and not done[int(k)]}
+    bad = frozenset(d.shard for d in damaged)
+    fold = MarkerFold(out, audit=bool(conf.get("audit")), manifest=False, skip=bad)
+    ok = n_failed = 0
+    for m in fold.markers():
+        ok, n_failed = ok + m.ok, n_failed + m.failed
+    cost = price = None
+    if len(fold.device_types) == 1:  # a second pass, only for a run on one device type
+        price = price_for(fold.device_types.pop())
+        cost = run_summary((m.to_dict() for m in out.iter_markers(skip=bad)), price, wall_s=fold.wall_s)
+    audit = None
+    if conf.get("audit"):
+        audit = audit_summary(out, fold.audit, conf["audit"], conf.get("audit_tolerance", DEFAULT_TOLERANCE), price)
+    committed = done.count(1)
+    return {"out": url, "shards_total": n_shards, "shards_done": committed, "shards_failed": failed,
+            "shards_pending": n_shards - committed - len(failed), "images_ok": ok, "images_failed": n_failed,
+            "damaged": damaged, "cost": cost, "audit": audit, "decode_plan": plan_summary(out.read_plan())}
+
+
+__all__ = ["open_run", "committed_shards", "read_run", "shard_images", "MarkerFold", "run_status", "plan_summary"]

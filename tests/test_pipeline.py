@@ -180,7 +180,7 @@ def test_output_reads_with_pandas_polars_duckdb_and_ray_data(tmp_path):
 
 
 def test_status_reports_done_pending_and_cost(tmp_path):
-    from ssdgen.flows.pipeline import run_status
+    from ssdgen.flows.reader import run_status
     src = tmp_path / "p.parquet"
     _write(None, src, _prompts(4))
     out = str(tmp_path / "run")

@@ -99,7 +99,7 @@ def status(url: str = typer.Argument(..., help="a run's output URL"),
                                                                "SHA-256 (default: sizes and ETags only)")):
     """Shards done, pending, failed and damaged, the decode plan, and the cost so far."""
     from ssdgen.flows.layout import plan_words
-    from ssdgen.flows.pipeline import run_status
+    from ssdgen.flows.reader import run_status
     st = run_status(url, deep=verify)
     typer.echo(f"{url}: {st['shards_done']} done, {st['shards_pending']} pending, {len(st['shards_failed'])} failed "
                f"of {st['shards_total']} shards; images ok {st['images_ok']}, failed {st['images_failed']}")

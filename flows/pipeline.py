@@ -28,8 +28,8 @@ the first shard, and recorded in `_plan.json`: every actor, retry and resume dec
 under the target; its rows are committed with their shard, and its cost is a line of its own.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations` here: Prefect builds the flow's parameter model from the signature's
+# real types (a string `RunSettings` cannot be resolved where a served or deployed run validates it)
 import os
 import time
 from collections import Counter

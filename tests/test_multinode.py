@@ -160,7 +160,7 @@ def test_run_survives_losing_a_worker_node(cluster, tmp_path, monkeypatch):
         time.sleep(0.1)
     first = _markers(out)
     assert first and th.is_alive(), f"no commit, or the run ended before the node could be lost: {result}"
-    victim_id = next(iter(first.values()))["node_id"]  # this actor goes straight on to its next shard
+    victim_id = next(iter(first.values())).node_id  # this actor goes straight on to its next shard
     victim = names[victim_id]
     cluster.remove_node(cluster.named[victim], allow_graceful=False)
     removed_at = datetime.now(timezone.utc)

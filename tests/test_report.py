@@ -125,7 +125,9 @@ def test_the_report_says_what_a_calibrated_decoders_plan_decided(run, tmp_path):
     from ssdgen.bench.report import write_report
     out = tmp_path / "run"
     shutil.copytree(run["out"], out)
-    (out / "_plan.json").write_text(json.dumps({"rows": 0, "batch": 16, "measured": {"0": 3.9, "1": 2.4}}))
+    measured = {"batch": 16, "estimates": {}, "measured": {"0": 3.9, "1": 2.4}, "cost_curve": {}, "seconds": 1.0}
+    (out / "_plan.json").write_text(json.dumps({"spec": "ar:cfg=3.0:temperature=1.0:top_k=0:top_p=1.0",
+                                                "measurements": measured}))
     write_report(str(out), tmp_path / "r.html")
     text = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert "decoded as plain AR: faster on this device at batch 16 (plain AR 3.90, 1 row(s) 2.40 images/s)" in text

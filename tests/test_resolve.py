@@ -66,7 +66,7 @@ def test_the_resolved_text_alone_reproduces_a_calibrated_decode_in_a_fresh_proce
 
 def test_the_worker_records_the_resolved_text_and_decodes_by_the_text_it_is_sent(tmp_path, monkeypatch):
     from ssdgen.flows.layout import plan_words
-    from ssdgen.flows.pipeline import _plan_summary
+    from ssdgen.flows.reader import plan_summary
     from ssdgen.workers.decode_worker import DecodeWorker
     from ssdgen.workers.settings import WorkerSettings
     tiny = tiny_with_heads(tmp_path / "t")
@@ -80,7 +80,7 @@ def test_the_worker_records_the_resolved_text_and_decodes_by_the_text_it_is_sent
     want = run(DecodeSpec.parse(record["spec"]), tiny, PROMPTS, SEEDS)
     assert [s.tokens for s in got.samples.values()] == want.tokens.tolist()
     assert not any(k.startswith("_ssd") for k in w.model.__dict__)
-    summary = _plan_summary(record)
+    summary = plan_summary(record)
     assert summary["spec"] == record["spec"] and summary["rows"] == 1 and summary["batch"] == 2
     assert plan_words(record).startswith("speculating 1 row(s) ahead") and plan_words(summary) == plan_words(record)
     (unresolved,) = w.decode(rows[:1]).samples.values()  # no text sent: the actor's own spec, still calibrated

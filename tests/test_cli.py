@@ -207,3 +207,23 @@ def test_no_default_output_path_writes_into_the_repository():
     for path in (("train-heads",), ("dev", "figures"), ("dev", "train-reference"), ("dev", "train-scorer")):
         r = CliRunner().invoke(app, list(path))
         assert r.exit_code == 2 and "Missing option '--out'" in r.output, path
+
+
+def test_generate_and_serve_take_every_run_setting_from_the_settings_class():
+    """The options are made from RunSettings' fields (ssdgen/cli/run_options.py): every field is an option of both
+    commands, with the field's description as its help, and nothing else is a setting there."""
+    from ssdgen.flows.settings import RunSettings
+    root = typer.main.get_command(app)
+    own = {"generate": {"overwrite", "progress"}, "serve": {"cron", "name"}}
+    for cmd, extra in own.items():
+        opts = {p.name: p for p in root.commands[cmd].params}
+        assert set(opts) == set(RunSettings.model_fields) | extra, cmd
+        for name, info in RunSettings.model_fields.items():
+            assert opts[name].help == info.description, (cmd, name)
+    assert root.commands["serve"].params[[p.name for p in root.commands["serve"].params].index("out")].required
+
+
+def test_a_setting_pydantic_refuses_is_one_line_naming_its_option():
+    from ssdgen.cli.run_options import build_settings
+    with pytest.raises(ValueError, match=r"^--shard-size: Input should be a valid integer"):
+        build_settings({"prompts": ["x.parquet"], "decoder": "ar", "shard_size": "many"})

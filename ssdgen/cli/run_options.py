@@ -30,7 +30,7 @@ def _cli_type(annotation):
         return list[args[0]]
     if type(None) in args:  # X | None
         return Optional[next(a for a in args if a is not type(None))]
-    if get_origin(annotation) is not None and DecodeSpec in args or annotation is DecodeSpec:
+    if annotation is DecodeSpec:  # pydantic keeps the field's type without its Annotated validators
         return str
     return annotation
 

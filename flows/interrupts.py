@@ -44,6 +44,8 @@ class StopSignals:
         self.line = line
         self.target: Callable[[Interrupted], None] | None = None
         self.signum: int | None = None
+        # what a hard exit still does, each within a second (a lease given back: the next run needs no takeover)
+        self.last_words: list[Callable[[], None]] = []
         self._old: dict = {}
 
     def __enter__(self) -> "StopSignals":
@@ -68,10 +70,10 @@ class StopSignals:
 
     def _handle(self, signum: int, frame) -> None:
         if self.signum is not None:
-            hard_exit(signum, self.line)
+            hard_exit(signum, self.line, self.last_words)
         self.signum = signum
         quiet_console()
-        t = threading.Timer(GRACE_S, hard_exit, (signum, self.line))
+        t = threading.Timer(GRACE_S, hard_exit, (signum, self.line, self.last_words))
         t.daemon = True
         t.start()
         if self.target is not None:
@@ -114,7 +116,7 @@ def kill_children() -> None:
     psutil.wait_procs(kids, timeout=5)
 
 
-def hard_exit(signum: int, line: Callable[[], str]) -> None:
+def hard_exit(signum: int, line: Callable[[], str], last_words: list[Callable[[], None]] = ()) -> None:
     try:
         text = line()
     except Exception:  # noqa: BLE001 - the line must not stop the exit
@@ -122,4 +124,15 @@ def hard_exit(signum: int, line: Callable[[], str]) -> None:
     sys.stderr.write(f"\n{text}\n")
     sys.stderr.flush()
     kill_children()
+    for fn in last_words:  # on threads that cannot hold the exit up: a store that hangs is left as it is
+        t = threading.Thread(target=_quietly, args=(fn,), daemon=True)
+        t.start()
+        t.join(timeout=1.0)
     os._exit(128 + signum)
+
+
+def _quietly(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass

@@ -85,6 +85,11 @@ class Lease:
                 except FileNotFoundError:
                     break
 
+    def give_back(self) -> None:
+        """Remove our lease now, without waiting for the heartbeat (a hard exit: flows.interrupts)."""
+        if self.gen and not self.lost.is_set():
+            self.out.fs.rm_file(self._path(self.gen))
+
     def check(self) -> None:
         """Raise LeaseLost if another driver took the lease over (called before every commit)."""
         if self.lost.is_set():

@@ -212,6 +212,7 @@ def execute(cfg: RunSettings, progress: bool = True, overwrite: bool = False) ->
     with StopSignals(line) as stop:
         check_output(cfg)
         with Lease(Output(cfg.out)) as lease:
+            stop.last_words.append(lease.give_back)
             if overwrite:
                 _overwrite(prepare(cfg, overwrite=True, leased=True).out, log)
             prep = prepare(cfg, leased=True)  # read under the lease: what another driver committed before is seen

@@ -85,3 +85,19 @@ def test_on_s3_one_of_two_drivers_takes_a_generation(s3):
     finally:
         a.release()
     assert not s3.exists(f"ssdgen-test/run/{LEASE_DIR}/00000001.json")
+
+
+def test_a_hard_exit_gives_the_lease_back(tmp_path):
+    """The second signal, or a run that has not exited GRACE_S after the first, ends with os._exit
+    (flows.interrupts.hard_exit): the lease is still given back on the way out, so the next run needs no
+    takeover."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom ssdgen.flows.interrupts import hard_exit\nfrom ssdgen.flows.layout import Output\n"
+            "from ssdgen.flows.lease import Lease\n"
+            "lease = Lease(Output(sys.argv[1])).acquire()\n"
+            "hard_exit(15, lambda: 'interrupted: 0/1 shards committed', [lease.give_back])\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 143 and "interrupted: 0/1" in r.stderr, r.stderr
+    assert not list((tmp_path / "run").glob("_lease/*.json"))

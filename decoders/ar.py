@@ -35,7 +35,7 @@ def decode_ar(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: 
     B, n = len(prompts), model.grid[0] * model.grid[1]
     u = streams.uniform(rng.Purpose.TOKEN, torch.arange(n, device=dev)[None])  # [B, H*W], all at once
     tokens = torch.zeros(B, n, dtype=torch.long, device=dev)  # [B, H*W]
-    tally = Tally(B, n, dev, hist_bins=2)  # every forward commits one token
+    tally = Tally(B, n, dev, hist_bins=2, cfg=sc.uses_cfg)  # every forward commits one token
     out, tokens[:, 0] = prefill(model, prompts, sc, streams, tally)
     for i in range(1, n):
         out = model.step(tokens[:, i - 1:i], torch.full((B, 1), i - 1, dtype=torch.long, device=dev))

@@ -105,7 +105,7 @@ def decode_block(model: ImageTokenModel, prompts: list[str], seeds: list[int], s
         raise ValueError(f"SSD blocks of {Lmax} tokens are too long (at most 65,535); draft fewer rows")
     size = N + Lmax + 2  # index slots: the image, a block running past its end, the bonus's and a junk slot
     drafter = HeadsDrafter(model, heads, sc, cfg.two_d, B, size)
-    tally = Tally(B, size, dev)
+    tally = Tally(B, size, dev, cfg=sc.uses_cfg)
     buf = torch.zeros(B, size, dtype=torch.long, device=dev)  # committed tokens, then the block's drafts
     out, buf[:, 0] = prefill(model, prompts, sc, streams, tally)
     drafter.begin(out)
@@ -184,6 +184,7 @@ def _round(model: ImageTokenModel, sc: SamplingConfig, relax: Relaxation, drafte
     idx = start[:, None] + torch.arange(S, device=n.device)[None, :]  # [B, S]; the pad past `end` is junk
     out = model.step(buf[rows, idx.clamp(max=buf.shape[1] - 1)], idx)
     tally.forwards += (~done).long()
+    tally.fed += (~done).long() * S  # the batch's padded width is what the model computes for each row
     blk.rounds += (~done).long()
     drafter.observe(out, idx, (idx <= end[:, None]) & ~done[:, None])
     q = processed_probs(out.cond, out.uncond, sc)  # [B, S, V]: q[:, s] is for index idx[:, s] + 1

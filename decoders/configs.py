@@ -106,7 +106,8 @@ class SJDConfig:
 
 @dataclass(frozen=True)
 class SSDConfig:
-    rows: int = 2  # rows drafted per block
+    rows: int = 2  # rows drafted per block (the window loop: a window of rows * W + 1 tokens, unless `window`)
+    window: int = 0  # the window loop: tokens per forward (2..64) instead of `rows` rows; 0 = rows * W + 1
     rounds: int = 2  # r: auto-correction rounds after the first verification forward (commit=block)
     lossless: bool = False  # the prefix engine (below) without relaxation: exactly the target's distribution
     # "prefix" (the default): commit the verified prefix only, the window loop (window.py), lossless unless relaxed;
@@ -123,6 +124,11 @@ class SSDConfig:
         check_types(self)
         if not isinstance(self.rows, int) or not 1 <= self.rows <= 4:
             raise ValueError(f"rows must be an integer in [1, 4], got {self.rows}")
+        if self.window and not 2 <= self.window <= 64:
+            raise ValueError(f"window must be an integer in [2, 64], or 0 for `rows` rows; got {self.window}")
+        if self.window and not self.prefix_engine:
+            raise ValueError("window sets the window loop's tokens per forward; the block decoder (commit=block) "
+                             "drafts `rows` rows: set window=0")
         if not isinstance(self.max_rows, int) or not self.rows <= self.max_rows <= 4:
             raise ValueError(f"max_rows must be an integer in [rows, 4], got {self.max_rows}")
         if not isinstance(self.token_budget, int) or self.token_budget < 0:
@@ -160,6 +166,8 @@ SSD_CSD_DEFAULTS = {"commit": "prefix", "adaptive": False, "calibrated": True}
 # A calibrated spec's choices are timed on at least this many prompts (a batch, when that is larger): at batch 1,
 # one prompt's content would decide for a whole run (decoders/calibrate.py).
 CALIBRATION_PROMPTS = 4
+# What a calibrated spec is planned for (decoders/planner.py): the most images per second, or the fastest image.
+OBJECTIVES = ("throughput", "latency")
 _RELAX = {f.name for f in fields(Relaxation)}
 _SJD = {f.name for f in fields(SJDConfig)} - {"relax"}
 _SSD = {f.name for f in fields(SSDConfig)} - {"relax"}

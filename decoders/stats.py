@@ -26,14 +26,19 @@ class Tally:
     `ent_sum` (target entropy in nats of each committed token's distribution), `drafted` (drafts verified),
     `accepted`, `relaxed`; and either the tokens committed by each forward (`forward`: a histogram, SJD and AR)
     or each block's size and forwards (`block`: SSD's block decoder, whose histogram spreads a block's tokens
-    over its forwards). Both count the prefill: one forward that commits token 0."""
+    over its forwards). Both count the prefill: one forward that commits token 0. `fed` counts the query tokens
+    per CFG row the model computed for each sample (`forward`'s width, `ar_forwards`, or added by the decoder);
+    the prefill is its one query position, so a sample's `tokens_fed` is fed x (2 with CFG, else 1)."""
 
-    def __init__(self, batch: int, width: int, device: torch.device | str, hist_bins: int = 0):
+    def __init__(self, batch: int, width: int, device: torch.device | str, hist_bins: int = 0, *, cfg: bool):
         """width: commit-code slots (the image's H*W and any spare slots past it, which are dropped); hist_bins:
-        the most tokens one forward can commit, plus 1 (0: the decoder records blocks instead)."""
+        the most tokens one forward can commit, plus 1 (0: the decoder records blocks instead); cfg: whether
+        every forward runs the unconditional row too (it doubles the tokens computed)."""
+        self.cfg_rows = 2 if cfg else 1
         self.rows = torch.arange(batch, device=device)
         self.commit = torch.full((batch, width), COMMIT_AR, dtype=torch.int8, device=device)  # [B, width]
         self.forwards = torch.ones(batch, dtype=torch.long, device=device)  # [B]; the prefill samples token 0
+        self.fed = torch.ones(batch, dtype=torch.long, device=device)  # [B] per row; the prefill's last position
         self.ent_sum = torch.zeros(batch, device=device)  # [B]
         self.drafted, self.accepted, self.relaxed = (torch.zeros(batch, dtype=torch.long, device=device)
                                                      for _ in range(3))  # [B] each
@@ -52,14 +57,17 @@ class Tally:
             code = torch.tensor(code, dtype=torch.int8, device=self.commit.device)
         self.commit[rows, pos] = torch.where(where, code, self.commit[rows, pos])
 
-    def forward(self, committed: torch.Tensor, active: torch.Tensor) -> None:
-        """One forward that committed `committed` [B] tokens, counted for the samples still decoding [B] bool."""
+    def forward(self, committed: torch.Tensor, active: torch.Tensor, width: int) -> None:
+        """One forward of `width` query tokens per row that committed `committed` [B] tokens, counted for the
+        samples still decoding [B] bool (a finished sample's row still rides along, charged to nobody)."""
         self.forwards += active.long()
+        self.fed += active.long() * width
         self.hist[self.rows, committed] += active.long()
 
     def ar_forwards(self, count: int) -> None:
         """`count` more forwards of one token each, for every sample (plain AR after its prefill)."""
         self.forwards += count
+        self.fed += count
         self.hist[:, 1] += count
 
     def block(self, samples: list[int], sizes: torch.Tensor, rounds: torch.Tensor) -> None:
@@ -73,8 +81,8 @@ class Tally:
         """Per-sample statistics; `extra` (decoder settings) goes to every sample."""
         N = grid[0] * grid[1]
         commit = self.commit[:, :N].cpu().numpy()
-        forwards, ent_sum, drafted, accepted, relaxed = (
-            t.cpu() for t in (self.forwards, self.ent_sum, self.drafted, self.accepted, self.relaxed))
+        forwards, ent_sum, drafted, accepted, relaxed, fed = (
+            t.cpu() for t in (self.forwards, self.ent_sum, self.drafted, self.accepted, self.relaxed, self.fed))
         hist = None if self.hist is None else self.hist.cpu()
         stats = []
         for b in range(commit.shape[0]):
@@ -85,7 +93,8 @@ class Tally:
                 _spread(self.blocks[b], self.rounds[b]),
                 acceptance_rate=float(accepted[b] / drafted[b]) if drafted[b] else float("nan"),
                 commit_map=commit[b].reshape(grid), mean_entropy=float(ent_sum[b] / N),
-                relaxed=int(relaxed[b]), block_sizes=self.blocks[b] if blocks else None,
+                relaxed=int(relaxed[b]), tokens_fed=int(fed[b]) * self.cfg_rows,
+                block_sizes=self.blocks[b] if blocks else None,
                 rounds_per_block=self.rounds[b] if blocks else None, seconds=seconds, extra=extra))
         return stats
 

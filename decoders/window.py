@@ -46,9 +46,9 @@ from .verify import Verdict, entropy, verify
 
 
 def ssd_window(cfg: SSDConfig, W: int) -> SJDConfig:
-    """An SSD config as this loop's settings: a window of `rows` rows after the last committed token (at most
-    64 tokens), coupled, with the config's acceptance."""
-    return SJDConfig(window=min(64, cfg.rows * W + 1), coupled=True, relax=cfg.relax)
+    """An SSD config as this loop's settings: a window of `window` tokens, or of `rows` rows after the last
+    committed token (at most 64 tokens), coupled, with the config's acceptance."""
+    return SJDConfig(window=cfg.window or min(64, cfg.rows * W + 1), coupled=True, relax=cfg.relax)
 
 
 def _configure(model, sc: SamplingConfig, cfg, heads, batch: int) -> tuple[SJDConfig, Drafter, dict]:
@@ -103,7 +103,7 @@ class _Jacobi:
         self.p: torch.Tensor | None = None  # [B, K, V] draft distribution of each window slot (first_window)
         self.n = torch.ones(B, dtype=torch.long, device=dev)  # tokens committed per sample
         self.t = torch.zeros(B, dtype=torch.long, device=dev)  # forwards per sample: its uniforms' counter
-        self.tally = Tally(B, N + K + 1, dev, hist_bins=K + 2)
+        self.tally = Tally(B, N + K + 1, dev, hist_bins=K + 2, cfg=sc.uses_cfg)
 
     def first_window(self) -> None:
         """Fresh drafts for the whole first window, after the prefill's token 0."""
@@ -144,7 +144,7 @@ class _Jacobi:
         last = torch.where(n_acc < n_valid, COMMIT_RESAMPLED, COMMIT_BONUS).to(torch.int8)  # [B]
         tally.mark((n + n_acc).clamp(max=N + K), last, n_acc < m)  # the token after them, if inside the image
         tally.ent_sum += (entropy(q) * (slots < m[:, None])).sum(1)
-        tally.forward(m, active)
+        tally.forward(m, active, K + 1)  # every forward feeds the whole window: its last token and K drafts
         tally.drafted += torch.where(active, torch.minimum(n_acc + 1, n_valid), 0)
         tally.accepted += n_acc
         tally.relaxed += (v.relaxed & active[:, None]).sum(1)

@@ -20,7 +20,8 @@ def tiny(tmp_path_factory):
 
 @pytest.mark.parametrize("params", [
     {}, {"rows": 1}, {"lossless": True, "rows": 1, "rounds": 0}, {"lossless": True, "rows": 2, "rounds": 2},
-    {"lossless": True, "rows": 3, "rounds": 1, "two_d": False},
+    {"lossless": True, "rows": 3, "rounds": 1, "two_d": False}, {"lossless": True, "window": 2},
+    {"lossless": True, "window": 5},
 ])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_lossless_ssd_greedy_equals_ar(tiny, params, batch):
@@ -39,6 +40,22 @@ def test_lossless_ssd_samples_the_ar_distribution(tiny):
 
 
 @pytest.mark.slow
+def test_lossless_ssd_in_a_short_window_samples_the_ar_distribution(tiny):
+    from test_decoders import _sample as sample_
+    ar = sample_(tiny, "ar", {}, offset=0)
+    ssd = sample_(tiny, "ssd", {"lossless": True, "window": 3}, offset=3_000_000)
+    assert _same_distribution(ar, ssd) > 0.001 / len(POSITIONS)
+
+
+def test_a_window_is_the_window_loops_and_in_range():
+    assert decoder_config("ssd+csd", {"window": 5}).window == 5
+    for bad, match in (({"window": 1}, "window must be an integer in"), ({"window": 65}, "window must be"),
+                       ({"window": 5, "commit": "block"}, "block decoder")):
+        with pytest.raises(ValueError, match=match):
+            decoder_config("ssd", bad)
+
+
+@pytest.mark.slow
 def test_the_same_test_catches_a_broken_rule_in_lossless_ssd(tiny, monkeypatch):
     import ssdgen.decoders.window as window_mod
     from test_decoders import _resample_from_q
@@ -50,7 +67,7 @@ def test_the_same_test_catches_a_broken_rule_in_lossless_ssd(tiny, monkeypatch):
 
 
 @pytest.mark.parametrize("params", [{"rows": 2, "rounds": 1, "commit": "block"}, {"rows": 2, "lossless": True},
-                                    {"rows": 2}])
+                                    {"rows": 2}, {"window": 4}])
 def test_ssd_batch_gives_each_sample_its_batch_one_tokens(tiny, params):
     prompts, seeds = PROMPTS * 2, list(range(20, 28))
     batched = decode("ssd", tiny, prompts, seeds, SAMPLED, params)

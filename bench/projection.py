@@ -20,6 +20,8 @@ Method (per forward of a batch of b images, c = 2 rows per image with CFG, else 
   forwards per batch    = 1 (prefill) + (grid_tokens / tau - 1) * (measured forwards per batch / forwards per image)
   s / image             = (prefill + steps * time per forward) / b;  $ / 1k images = s / image * $/GPU-h / 3.6
   KV cap on the batch   = floor((memory * mem_util - weight bytes) / (c * kv_bytes_per_token * (prompt + grid + S)))
+  best batch            = the highest images/s over powers of two up to the cap, the cap and the given batches
+                          (`best_batch`); `verdict` says in words whether AR's best or a speculative best is faster
 
 Assumptions (stated in every result under "assumptions"):
   - tau (tokens committed per forward) and the batch's slowest-sample factor carry over from the measured
@@ -85,12 +87,20 @@ class ModelSpec:
     kv_dim: int  # width of K (= of V) per token per layer: dim for MHA, less with GQA/MQA
     prompt_len: int  # prompt tokens before the image (both CFG rows)
     bytes_per_value: float = 2.0  # bf16 weights and KV cache
+    grid: int | None = None  # the model's own token grid side: `--models NAME` without @GRID takes it
 
 
 MODELS: dict[str, ModelSpec] = {
     # LLaMA-style shapes; params ~ 12 * layers * dim^2 + embeddings. Prompt: 120 text tokens (LlamaGen's T5 length).
     "1b": ModelSpec("1B (24 layers, width 1792, MHA)", 1.0e9, 24, 1792, 1792, 120),
     "7b": ModelSpec("7B (32 layers, width 4096, MHA; LLaMA-7B / Chameleon-7B shape)", 7.0e9, 32, 4096, 4096, 120),
+    # transformers' Emu3TextConfig: 32 layers, width 4096, 8 KV heads of 128 (GQA), MLP 14336, vocab 184,622
+    # untied: 32 * 218.1M + 2 * 184,622 * 4096 = 8.49B. Grid 90 x 90 (720 x 720 pixels); its 90 row-end tokens
+    # (1% of the cache) are left out.
+    "emu3-8b": ModelSpec("Emu3-Gen 8B (32 layers, width 4096, GQA 8 KV heads)", 8.49e9, 32, 4096, 1024, 120,
+                         grid=90),
+    # DeepSeek-LLM-7B base: 30 layers, width 4096, MHA, vocab 102,400; 24 x 24 tokens (384 x 384 pixels).
+    "janus-pro-7b": ModelSpec("Janus-Pro 7B (30 layers, width 4096, MHA)", 6.9e9, 30, 4096, 4096, 120, grid=24),
 }
 
 MEM_UTIL = 0.90  # share of device memory usable for weights + KV cache (the rest: activations, allocator, CUDA)
@@ -251,6 +261,75 @@ def project_one(st: DecoderStats, acc: Accelerator, m: ModelSpec, grid: int, bat
             "usd_per_1k_images": (spi * price_per_hour / 3.6) if fits and price_per_hour is not None else None}
 
 
+# ------------------------------------------------------------------- best batch, and who wins where
+
+MAX_SEARCH_BATCH = 1 << 16  # powers of two stop here: no batch job needs more images in flight on one GPU
+TIE = 1e-9  # relative: throughputs this close are equal (a compute-bound plateau), the smaller batch is chosen
+
+
+def candidate_batches(cap: int, given: list[int]) -> list[int]:
+    """The batches searched: powers of two up to the cap, the cap itself and the given ones (those above the cap
+    too, so that they are seen not to fit)."""
+    powers = [1 << i for i in range(17) if (1 << i) <= min(cap, MAX_SEARCH_BATCH)]
+    return sorted(set(powers) | ({cap} if cap >= 1 else set()) | set(given))
+
+
+def best_batch(stats: list[DecoderStats], decoder: str, acc: Accelerator, m: ModelSpec, grid: int, cfg: bool,
+               price_per_hour: float | None, given: list[int], rf: Roofline = Roofline()) -> dict:
+    """The decoder's highest-throughput batch that fits: only batches at or under the memory cap are chosen."""
+    # each measured row feeds its own window, so has its own cap: every one of them is searched
+    caps = {kv_cap(acc, m, grid * grid, cfg, spare=int(math.ceil(s.tokens_fed_per_forward * (
+        grid / s.grid_width if s.row_drafting else 1.0)))) for s in stats if s.decoder == decoder}
+    batches = sorted(set(candidate_batches(max(caps), given)) | {c for c in caps if c >= 1})
+    tried = [project_one(stats_for_batch(stats, decoder, b), acc, m, grid, b, cfg, price_per_hour, rf)
+             for b in batches]
+    fitting = [p for p in tried if p["fits"]]
+    out = {"decoder": decoder, "searched": batches}
+    if not fitting:
+        return out | {"kv_cap_batch": max(caps), "batch_size": None, "fits": False, "memory_capped": True,
+                      "images_per_s": None, "usd_per_1k_images": None, "bound": None, "stats_from_batch": None}
+    top = max(p["images_per_s"] for p in fitting)
+    best = min((p for p in fitting if p["images_per_s"] >= top * (1 - TIE)), key=lambda p: p["batch_size"])
+    largest = max(p["batch_size"] for p in fitting)
+    return out | {k: best[k] for k in ("batch_size", "kv_cap_batch", "fits", "images_per_s", "usd_per_1k_images",
+                                       "bound", "stats_from_batch", "seconds_per_forward", "tokens_per_forward")} | {
+        "memory_capped": best["batch_size"] == largest}  # a larger batch would have been faster, had it fit
+
+
+def _why(b: dict) -> str:
+    if b["batch_size"] is None:
+        return "does not fit"
+    return "memory cap" if b["memory_capped"] else f"{b['bound']}-bound"
+
+
+VERDICT_FIELDS = ("decoder", "batch_size", "images_per_s", "usd_per_1k_images", "memory_capped", "bound")
+
+
+def verdict(best: list[dict], where: str) -> dict:
+    """In words, whether AR's best batch or a speculative decoder's best batch has the higher throughput."""
+    ar = [b for b in best if b["decoder"].split(":")[0] == "ar" and b["images_per_s"]]
+    spec = [b for b in best if b["decoder"].split(":")[0] != "ar" and b["images_per_s"]]
+    a = max(ar, key=lambda b: b["images_per_s"], default=None)
+    s = max(spec, key=lambda b: b["images_per_s"], default=None)
+    short = {k: (None if b is None else {f: b[f] for f in VERDICT_FIELDS}) for k, b in (("ar", a), ("speculative", s))}
+    if a is None or s is None:
+        missing = "AR" if a is None else "a speculative decoder"
+        return {"winner": None, "ratio": None} | short | {
+            "words": f"{where}: no comparison ({missing} fits no batch or is not in the bench)"}
+    ratio = s["images_per_s"] / a["images_per_s"]
+    head = (f"{where}: best AR batch {a['batch_size']} ({_why(a)}), {s['decoder']} at batch {s['batch_size']} "
+            f"({_why(s)}) {ratio:.2f}x AR's best")
+    if ratio > 1:
+        why = ("KV-bound: AR's batch is capped by memory, each of its forwards reads the whole cache for one token"
+               if a["memory_capped"] and a["bound"] == "memory" else "fewer forwards at AR's cost per forward")
+        return {"winner": "speculation", "ratio": ratio} | short | {"words": f"{head}: speculation wins ({why})"}
+    why = ("AR's batch is compute-bound: speculation's extra tokens cost FLOPs" if a["bound"] == "compute"
+           else "speculation gains nothing: its best setting decodes about as AR does" if ratio >= 0.99
+           else "compute-bound: its extra query tokens cost more FLOPs than the forwards they save"
+           if s["bound"] == "compute" else "speculation's extra tokens cost more than the forwards they save")
+    return {"winner": "ar", "ratio": ratio} | short | {"words": f"{head}: AR wins ({why})"}
+
+
 ASSUMPTIONS = [
     "PROJECTION from a roofline model, not a measurement.",
     "Tokens committed per forward (tau) and the batch's slowest-sample factor are the bench's measured values "
@@ -264,6 +343,10 @@ ASSUMPTIONS = [
     "CFG doubles the rows of every forward and the KV cache per image; a batch is capped by the KV cache that "
     f"fits in {MEM_UTIL:.0%} of device memory beside the weights.",
     "One GPU at its on-demand price from infra/prices.csv; VQ decoding to pixels and I/O are not counted.",
+    "Each decoder's best batch is searched over powers of two up to its KV cap, the cap itself and the given "
+    "batch sizes (only batches that fit are chosen; equal throughputs go to the smaller batch); 'memory cap' "
+    "means no larger batch fits, so memory, not the roofline, stopped it. Statistics above the largest measured "
+    "batch come from the largest one.",
 ]
 
 
@@ -277,30 +360,39 @@ def project(bench: dict, accelerators: list[str], models: list[tuple[str, int]],
         raise ValueError(f"unknown accelerator(s) {unknown or accelerators}; known: {', '.join(ACCELERATORS)}")
     stats = decoder_stats(bench)
     decoders = list(dict.fromkeys(s.decoder for s in stats))
-    rows = []
+    rows, best, verdicts = [], [], []
     for a in accelerators:
         acc = ACCELERATORS[a]
         price = price_for(acc.price_row).on_demand_usd_per_hour if acc.price_row else None
         for mname, grid in models:
-            m = MODELS[mname]
+            m, key = MODELS[mname], {"accelerator": a, "model": mname, "grid": grid}
             for d in decoders:
                 for b in batch_sizes:
                     r = project_one(stats_for_batch(stats, d, b), acc, m, grid, b, cfg, price, rf)
-                    rows.append({"accelerator": a, "model": mname, "grid": grid} | r)
+                    rows.append(key | r)
+            here = [key | best_batch(stats, d, acc, m, grid, cfg, price, batch_sizes, rf) for d in decoders]
+            best += here
+            verdicts.append(key | verdict(here, f"{a} x {mname}@{grid} ({grid * grid} tokens)"))
     return {"label": LABEL, "assumptions": ASSUMPTIONS, "bench": {k: bench.get(k) for k in ("model", "device", "date")},
             "cfg": cfg, "roofline": asdict(rf),
             "accelerators": {a: asdict(ACCELERATORS[a]) for a in accelerators},
             "models": {mn: asdict(MODELS[mn]) for mn in dict.fromkeys(m for m, _ in models)},
-            "derived_fields": sorted({f for s in stats for f in s.derived}), "rows": rows}
+            "derived_fields": sorted({f for s in stats for f in s.derived}), "rows": rows, "best": best,
+            "verdicts": verdicts}
 
 
 def parse_models(spec: str) -> list[tuple[str, int]]:
+    """`SIZE@GRID` (grid side in tokens), or `SIZE` alone for a model with its own grid (emu3-8b = 90 x 90)."""
     out = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
-        name, _, g = part.partition("@")
-        if name not in MODELS or not g.isdigit() or int(g) < 1:
+        name, at, g = part.partition("@")
+        m = MODELS.get(name)
+        if not at and m is not None and m.grid:
+            g = str(m.grid)
+        if m is None or not g.isdigit() or int(g) < 1:
+            own = ", ".join(k for k, v in MODELS.items() if v.grid)
             raise ValueError(f"model {part!r}: expected SIZE@GRID with SIZE in {', '.join(MODELS)} and GRID >= 1 "
-                             "(e.g. 7b@48)")
+                             f"(e.g. 7b@48), or SIZE alone for a model with its own grid ({own})")
         out.append((name, int(g)))
     if not out:
         raise ValueError("--models is empty: e.g. 1b@24,7b@48")
@@ -327,8 +419,23 @@ def text_table(result: dict) -> list[str]:
         lines.append(f"{r['accelerator']:<10} {r['model']:<6} {r['grid']:>4} {r['decoder']:<22} {r['batch_size']:>5} "
                      f"{r['bound']:<7} {ips:>9} {usd:>9} {r['kv_cap_batch']:>6} {r['stats_from_batch']:>11}")
     lines.append("stats@batch: the measured batch size whose acceptance statistics a row uses (the nearest measured)")
+    lines += best_lines(result)
     lines += ["assumptions:"] + [f"  - {a}" for a in result["assumptions"]]
     return lines
+
+
+def best_lines(result: dict) -> list[str]:
+    """Each decoder's best batch (searched up to the memory cap), then who wins where, in words."""
+    lines = ["", "PROJECTION: best batch per decoder (powers of two up to the KV cap, the cap, --batch-sizes)",
+             f"{'accel':<10} {'model':<12} {'grid':>4} {'decoder':<22} {'batch':>5} {'why':<15} {'img/s':>9} "
+             f"{'$/1k img':>9} {'KV cap':>6}"]
+    for b in result.get("best", []):
+        ips = "OOM" if b["images_per_s"] is None else f"{b['images_per_s']:.3g}"
+        usd = "" if b["usd_per_1k_images"] is None else f"{b['usd_per_1k_images']:.4g}"
+        lines.append(f"{b['accelerator']:<10} {b['model']:<12} {b['grid']:>4} {b['decoder']:<22} "
+                     f"{b['batch_size'] or '-':>5} {_why(b):<15} {ips:>9} {usd:>9} {b['kv_cap_batch']:>6}")
+    lines.append("PROJECTION: where speculation wins on throughput (each decoder at its own best batch):")
+    return lines + [f"  - {v['words']}" for v in result.get("verdicts", [])]
 
 
 def project_cli(bench_json: Path, accelerators: str, models: str, batch_sizes: str, cfg: bool) -> dict:
@@ -338,6 +445,12 @@ def project_cli(bench_json: Path, accelerators: str, models: str, batch_sizes: s
     accs = [a.strip().lower() for a in accelerators.split(",") if a.strip()]
     res = project(bench, accs, parse_models(models), _ints(batch_sizes, "--batch-sizes"), cfg)
     return {"result": res, "text": text_table(res)}
+
+
+BEST_COLS = [("accelerator", "accelerator"), ("model", "model"), ("grid", "grid"), ("decoder", "decoder"),
+             ("batch_size", "best batch"), ("why", "limited by"), ("images_per_s", "images / s"),
+             ("usd_per_1k_images", "$ / 1k images"), ("kv_cap_batch", "KV cap (batch)"),
+             ("stats_from_batch", "stats from batch")]
 
 
 def projection_html(result: dict) -> str:
@@ -350,6 +463,11 @@ def projection_html(result: dict) -> str:
     body = ['<p class="note"><b>PROJECTION</b>: computed from a roofline model and measured acceptance '
             "statistics, not measured on these accelerators.</p>",
             "<h2>Assumptions</h2><ul>" + "".join(f"<li>{plots.esc(a)}</li>" for a in result["assumptions"]) + "</ul>",
+            "<h2>Where speculation wins (each decoder at its best batch)</h2><ul>"
+            + "".join(f"<li>{plots.esc(v['words'])}</li>" for v in result.get("verdicts", [])) + "</ul>",
+            "<h2>Best batch per decoder (up to the KV cap)</h2>",
+            plots.table([b | {"why": _why(b)} for b in result.get("best", [])], BEST_COLS,
+                        left=("accelerator", "model", "decoder", "why")),
             "<h2>Projected throughput and cost</h2>",
             plots.table(result["rows"], cols, left=("accelerator", "model", "decoder", "bound")),
             "<h2>Accelerators</h2>",

@@ -33,9 +33,9 @@ from ssdgen.decoders.spec import DecodeSpec, common_sampling
 
 
 def uncapped(spec: DecodeSpec) -> DecodeSpec:
-    """A calibrated spec at its widest choice (quality scoring); any other spec as it is."""
-    opts = choices(spec)
-    return opts[max(opts)] if opts else spec
+    """A calibrated spec at its widest choice, the most rows (quality scoring); any other spec as it is."""
+    opts = {k: v for k, v in choices(spec).items() if k.startswith("r")}
+    return opts[max(opts, key=lambda k: int(k[1:]))] if opts else spec
 
 
 def decode_set(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], batch_size: int,

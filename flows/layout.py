@@ -293,20 +293,15 @@ def manifest_row(out: Output, m: Marker) -> dict:
 
 
 def plan_words(plan: dict | None) -> str | None:
-    """What a calibrated decoder's resolution decided, in words (console, status, report); None without one.
-    plan: the record (_plan.json: spec and measurements) or summary.json's view of it (rows, batch, measured)."""
+    """What a calibrated decoder's plan decided, in words (console, status, report); None without one.
+    plan: the record (_plan.json: spec and measurements) or summary.json's view of it (spec, why, ...)."""
     if plan is None:
         return None
-    from ssdgen.decoders.spec import DecodeSpec, speculative_rows  # torch-free: the spec and its settings
+    from ssdgen.decoders.spec import DecodeSpec  # torch-free: the spec and its settings
     m = plan.get("measurements", plan)
-    rows = int(plan["rows"]) if "rows" in plan else speculative_rows(DecodeSpec.parse(plan["spec"]))
-    at = f" at batch {m['batch']}" if m.get("batch") else ""
-    timed = m.get("measured") or {}
-    why = ", ".join(f"{'plain AR' if k == '0' else k + ' row(s)'} {v:.2f}" for k, v in sorted(timed.items())) \
-        + " images/s" if timed else "the cost curve left one choice, not timed"
-    if rows == 0:
-        return f"decoded as plain AR: faster on this device{at} ({why})"
-    return f"speculating {rows} row(s) ahead: the fastest choice on this device{at} ({why})"
+    spec = DecodeSpec.parse(plan["spec"])
+    how = "decoded as plain AR" if spec.family == "ar" else f"speculating as {spec.label}"
+    return f"{how}: {m['why']}" if m.get("why") else how
 
 
 def _changed_input(old: list[dict], new: list[dict]) -> str | None:

@@ -56,7 +56,7 @@ from .layout import CONFIG, PLAN, SUMMARY, Output, plan_words
 from .lease import LEASE_DIR, Lease
 from .prepare import Prepared, check_output, clear, describe, output_size, prepare
 from .verify import set_aside
-from .reader import MarkerFold, plan_summary, run_status  # noqa: F401 (run_status re-exported)
+from .reader import MarkerFold, plan_summary, read_plan_at, run_status  # noqa: F401 (run_status re-exported)
 from .plan import ShardPlan, read_shard
 
 # How long a shard waits for its actor's restart. After a node loss the restart waits for free resources: an
@@ -81,35 +81,43 @@ def _cluster_slots(cfg: RunSettings):
 def _decode_plan(cfg: RunSettings, files: list[InputFile], plan: ShardPlan, out: Output, actors: list,
                  log, stop: StopSignals) -> str:
     """The spec text every batch carries to its actor, so all actors, restarted ones and retries decode alike:
-    the run's spec, or for a calibrated one the concrete spec it resolves to, decided once per run
-    (decoders/calibrate.py): the recorded one on a resume, else resolved by one actor on the first shard's
-    first prompts and recorded (`_plan.json`: the text and its measurements) before any shard decodes."""
+    the run's spec, or for a calibrated one the concrete spec it resolves to, decided once per run: the recorded
+    one on a resume; another run's plan with `--plan`; else planned for the objective by one actor on the first
+    shard's first prompts (decoders/planner.py). A new plan is recorded (`_plan.json`: the text and its
+    measurements) before any shard decodes."""
     if not cfg.decoder.calibrated:
         return str(cfg.decoder)
     if (recorded := out.read_plan()) is not None:
         spec = _recorded_spec(out, recorded)  # a damaged record fails here, before any shard decodes
         log.info(f"decode plan: {spec} (recorded)")
         return str(spec)
+    if cfg.plan is not None:
+        decided = read_plan_at(cfg.plan)
+        spec = _recorded_spec(out, decided, f"--plan {cfg.plan}")
+        out.write_plan(decided)
+        log.info(f"decode plan: {spec} (replayed from {cfg.plan})")
+        return str(spec)
     rows = [asdict(r) for r in read_shard(files, plan[0], cfg.seed)][:max(cfg.batch_size, CALIBRATION_PROMPTS)]
-    decided = _get(actors[0].calibrate.remote(rows, cfg.batch_size), stop)
+    decided = _get(actors[0].calibrate.remote(rows, cfg.batch_size, cfg.objective), stop)
     out.write_plan(decided)
     m = decided["measurements"]
-    log.info(f"decode plan: {decided['spec']}, measured in {m['seconds']:.1f} s: "
-             f"images/s {m['measured'] or 'not timed: the cost curve left one choice'}")
+    log.info(f"decode plan ({m['objective']}): {m['why']}; {decided['spec']}, planned in {m['seconds']:.1f} s"
+             + (" (device profile from the cache)" if m.get("cached") else ""))
     return decided["spec"]
 
 
-def _recorded_spec(out: Output, recorded: dict) -> DecodeSpec:
-    """The concrete spec `_plan.json` records (its shape checked by Output.read_plan); one line naming the file
-    when the text is not a spec, or still a calibrated one."""
+def _recorded_spec(out: Output, recorded: dict, where: str | None = None) -> DecodeSpec:
+    """The concrete spec a plan records (its shape checked by Output.read_plan / read_plan_at); one line naming
+    the file (or `where`) when the text is not a spec, or still a calibrated one."""
+    where = where or out.full_url(out.path(PLAN))
     try:
         spec = DecodeSpec.parse(recorded["spec"])
     except ValueError as e:
-        raise ValueError(f"{out.full_url(out.path(PLAN))}: not a resolved decode spec ({e!r}); delete it to "
-                         "resolve the decoder again, or --overwrite the run") from None
+        raise ValueError(f"{where}: not a resolved decode spec ({e!r}); delete it to resolve the decoder again, "
+                         "or --overwrite the run") from None
     if spec.calibrated:
-        raise ValueError(f"{out.full_url(out.path(PLAN))}: records {spec}, which is still calibrated; delete it "
-                         "to resolve the decoder again")
+        raise ValueError(f"{where}: records {spec}, which is still calibrated; delete it to resolve the decoder "
+                         "again")
     return spec
 
 

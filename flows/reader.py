@@ -177,13 +177,35 @@ class MarkerFold:
 
 
 def plan_summary(plan: dict | None) -> dict | None:
-    """The recorded resolution (_plan.json) as summary.json shows it: the resolved spec, the rows it speculates
-    with (0: plain AR) and the rates that chose them (the cost curve stays in _plan.json)."""
+    """The recorded plan (_plan.json) as summary.json shows it: the resolved spec, the objective, the choice and
+    batch it was made for, why, and what planning took (the profile and estimates stay in _plan.json)."""
     if plan is None:
         return None
     m = plan["measurements"]
     return {"spec": plan["spec"], "rows": speculative_rows(DecodeSpec.parse(plan["spec"]))} | {
-        k: m[k] for k in ("batch", "estimates", "measured", "seconds")}
+        k: m.get(k) for k in ("objective", "choice", "batch", "why", "seconds", "cached")}
+
+
+def read_plan_at(url: str) -> dict:
+    """Another run's decode plan, to replay (`--plan`): a run's output URL (its _plan.json) or a plan file's URL.
+    One error line naming the URL when there is none, or it is not a plan."""
+    if url.rstrip("/").endswith(".json"):
+        try:
+            with fsspec.open(url, "rb") as f:
+                plan = json.loads(f.read())
+        except FileNotFoundError:
+            raise ValueError(f"--plan {url}: no such file") from None
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--plan {url}: not a readable plan ({e})") from None
+        if not isinstance(plan, dict) or not isinstance(plan.get("spec"), str) or \
+                not isinstance(plan.get("measurements"), dict):
+            raise ValueError(f"--plan {url}: not a resolved decode plan (no spec text and measurements)")
+        return plan
+    plan = Output(url).read_plan()
+    if plan is None:
+        raise ValueError(f"--plan {url}: that run has no decode plan (_plan.json): it decoded a concrete spec, "
+                         "or never started; name a run that planned, or a plan file")
+    return plan
 
 
 def run_status(url: str, deep: bool = False) -> dict:

@@ -13,6 +13,8 @@ import math
 
 from ssdgen.workers.settings import WorkerSettings, option as _option
 
+from ssdgen.decoders.configs import OBJECTIVES
+
 from .audit import DEFAULT_TOLERANCE, check_audit
 from .cost import Price, price_for
 from .inputs import InputFile
@@ -28,6 +30,10 @@ class RunSettings(WorkerSettings):
     seed: int = _option(0, "run seed; a row's own `seed` column wins")
     shard_size: int = _option(256, "rows per shard")
     batch_size: int = _option(16, "prompts per decoder call")
+    objective: str = _option("throughput", "what a calibrated decoder is planned for: throughput (the most "
+                                           "images/s) or latency (the fastest image)")
+    plan: str | None = _option(None, "replay another run's decode plan: its output URL, or a _plan.json file "
+                                     "(the same prompts and seeds then give the same images)")
     actors: int = _option(2, "Ray actors (each loads the model once)")
     cpus_per_actor: float = _option(1.0, "Ray num_cpus per actor (= torch threads on CPU)")
     gpus_per_actor: float = _option(0.0, "Ray num_gpus per actor (0 on CPU)")
@@ -53,6 +59,11 @@ class RunSettings(WorkerSettings):
         if self.cpus_per_actor <= 0 or self.gpus_per_actor < 0:
             raise ValueError("--cpus-per-actor must be > 0 and --gpus-per-actor >= 0")
         check_model_spec(self.model, self.decoder)  # and the heads a decoder spec names
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.plan is not None and not self.decoder.calibrated:
+            raise ValueError(f"--plan replays a calibrated decoder's plan, but --decoder {self.decoder} is concrete "
+                             "already: drop --plan, or use a calibrated decoder (the default)")
         check_audit(self.audit, self.audit_tolerance)
         check_image_format(self.image_format, self.quality)
         check_format(self.format)

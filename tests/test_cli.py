@@ -80,8 +80,9 @@ def test_calibrate_says_what_the_device_decides(tmp_path):
     assert r.returncode == 0, r.stderr
     import json
     plan = json.loads(out.read_text())["plans"][0]
-    assert plan["batch"] == 1 and plan["rows"] in (0, 1, 2) and set(plan["estimates"]) == {"0", "1", "2"}
-    assert f"batch    1: rows {plan['rows']}" in r.stdout
+    assert plan["batch"] == 1 and plan["choice"] in ("ar", "w3", "w4", "w5", "w6", "w8", "r1", "r2")
+    assert set(plan["estimates"]) == {f"{c}@1" for c in ("ar", "w3", "w4", "w5", "w6", "w8", "r1", "r2")}
+    assert f"batch    1: {plan['why']}" in r.stdout and plan["seconds"] > 0
 
 
 @pytest.mark.integration

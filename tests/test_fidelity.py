@@ -82,16 +82,18 @@ def test_lossless_indistinguishable_and_a_planted_lossy_setting_caught(tiny):
 
 
 def test_a_calibrated_spec_is_measured_at_every_choice_it_may_make():
-    """A calibrated spec may decode with 1 .. rows rows (or AR, exact) depending on the device: fidelity
-    measures each choice under its uncalibrated spec, and leaves every other spec as it is."""
+    """A calibrated spec may decode with a window of 3 .. 8 tokens or of 1 .. rows rows (or AR, exact) depending on
+    the device: fidelity measures each choice under its uncalibrated spec, and leaves every other spec as it is."""
     from ssdgen.bench.fidelity import choices, uncapped
     from ssdgen.decoders.spec import DecodeSpec
     spec = DecodeSpec.parse("ssd+csd:lam=1")  # the prefix engine, calibrated, rows 2 by default
     opts = choices(spec)
-    assert sorted(opts) == [1, 2] and opts[1].label == "ssd+csd:calibrated=false:lam=1:rows=1"
+    assert sorted(opts) == ["r1", "r2", "w3", "w4", "w5", "w6", "w8"]
+    assert opts["r1"].label == "ssd+csd:calibrated=false:lam=1:rows=1"
+    assert opts["w5"].label == "ssd+csd:calibrated=false:lam=1:window=5"
     assert all(not o.config().calibrated and o.config().relax == spec.config().relax and o.sampling == spec.sampling
                for o in opts.values())
-    assert uncapped(spec) == opts[2]
+    assert uncapped(spec) == opts["r2"]
     block = choices(DecodeSpec.parse("ssd+csd:commit=block:max_rows=3"))
     assert [(o.config().rows, o.config().max_rows) for o in block.values()] == [(1, 1), (2, 2), (2, 3)]
     for text in ("csd", "ssd:lossless=true", "ssd+csd:commit=block:adaptive=true:calibrated=false:token_budget=8",

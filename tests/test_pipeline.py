@@ -221,3 +221,26 @@ def test_a_calibrated_decoder_decides_once_and_a_rerun_replays_the_plan(tmp_path
     _, stats = _committed(str(out))
     assert set(stats.column("forwards").to_pylist()[4:]) == {256}  # shard 1 decoded as AR: one token a forward
     assert len(Output(str(out)).committed()) == 2
+
+
+def test_a_plan_replayed_into_another_folder_gives_the_same_tokens(tmp_path):
+    """`--plan RUN`: a second run of the same prompts and seeds into another folder decodes by the first run's
+    plan (recorded as its own), not a new one, so its tokens are the first run's; a plan file works the same, and
+    a missing plan, a damaged one, a bad objective or --plan with a concrete decoder is one clear error."""
+    src, a, b, c = tmp_path / "p.parquet", tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    _write(None, src, _prompts(4))
+    kw = dict(prompts=[str(src)], decoder="ssd+csd", shard_size=4, batch_size=2, actors=1)
+    _run(out=str(a), **kw)
+    plan = json.loads((a / "_plan.json").read_text())
+    replayed = _run(out=str(b), plan=str(a), **kw)
+    assert json.loads((b / "_plan.json").read_text()) == plan and replayed["decode_plan"]["spec"] == plan["spec"]
+    assert _committed(str(b))[0].column("tokens").to_pylist() == _committed(str(a))[0].column("tokens").to_pylist()
+    _run(out=str(c), plan=str(a / "_plan.json"), **kw)
+    assert json.loads((c / "_plan.json").read_text()) == plan
+    (tmp_path / "bad.json").write_text('{"spec": 3}')
+    for bad, match in (({"plan": str(tmp_path / "none")}, "has no decode plan"),
+                       ({"plan": str(tmp_path / "bad.json")}, "not a resolved decode plan"),
+                       ({"objective": "cheap"}, "--objective must be one of throughput, latency"),
+                       ({"plan": str(a), "decoder": "ar"}, "--plan replays a calibrated decoder's plan")):
+        with pytest.raises(ValueError, match=match):
+            _run(out=str(tmp_path / "x"), **(kw | bad))

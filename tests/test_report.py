@@ -125,9 +125,11 @@ def test_the_report_says_what_a_calibrated_decoders_plan_decided(run, tmp_path):
     from ssdgen.bench.report import write_report
     out = tmp_path / "run"
     shutil.copytree(run["out"], out)
-    measured = {"batch": 16, "estimates": {}, "measured": {"0": 3.9, "1": 2.4}, "cost_curve": {}, "seconds": 1.0}
+    measured = {"objective": "throughput", "choice": "ar", "batch": 16, "estimates": {}, "acceptance": {},
+                "profile": {}, "seconds": 1.0,
+                "why": "plain AR at batch 16: 1.62x the images/s of the best window (r1 at batch 16) on this CPU"}
     (out / "_plan.json").write_text(json.dumps({"spec": "ar:cfg=3.0:temperature=1.0:top_k=0:top_p=1.0",
                                                 "measurements": measured}))
     write_report(str(out), tmp_path / "r.html")
     text = (tmp_path / "r.html").read_text(encoding="utf-8")
-    assert "decoded as plain AR: faster on this device at batch 16 (plain AR 3.90, 1 row(s) 2.40 images/s)" in text
+    assert "decoded as plain AR: plain AR at batch 16: 1.62x the images/s of the best window" in text

@@ -33,13 +33,14 @@ print(json.dumps(res.tokens.tolist()))
 """
 
 
-def _flat_device(monkeypatch, rows: int) -> None:
-    """A device on which every forward costs the same and `rows` rows are measured fastest."""
-    import ssdgen.decoders.calibrate as cal
-    monkeypatch.setattr(cal, "measure_cost_curve", lambda model, prompts, use_cfg, most: CostCurve(
-        len(prompts), (1, 2, 4, 8, 16, 32, 64), (1.0,) * 7))
-    monkeypatch.setattr(cal, "_time_choices", lambda model, prompts, seeds, batch, trial, decode_as: {
-        str(r): 2.0 if r == rows else 1.0 for r in trial})
+def _flat_device(monkeypatch) -> None:
+    """A device on which every forward costs the same, and a pilot that says the 2-row window (9 tokens on the
+    tiny grid) commits the most per forward: that window is the plan."""
+    import ssdgen.decoders.planner as planner
+    monkeypatch.setattr(planner, "measure_profile", lambda model, prompt, use_cfg, batches, tokens: planner.Profile(
+        {b: CostCurve(b, tuple(tokens), (1.0,) * len(tokens)) for b in batches}, 0.0))
+    monkeypatch.setattr(planner, "pilot", lambda spec, model, prompts, seeds, heads, run: {
+        str(L): (8.0 if L == 9 else 1.0) for L in (3, 4, 5, 6, 8, 9)})
 
 
 def _fresh(model_path, text: str, prompts: list[str], seeds: list[int]) -> torch.Tensor:
@@ -50,14 +51,14 @@ def _fresh(model_path, text: str, prompts: list[str], seeds: list[int]) -> torch
 
 
 @pytest.mark.integration  # a subprocess
-@pytest.mark.parametrize("device", ["measured", "one row fastest"])
+@pytest.mark.parametrize("device", ["measured", "two rows fastest"])
 def test_the_resolved_text_alone_reproduces_a_calibrated_decode_in_a_fresh_process(tmp_path, monkeypatch, device):
     tiny = tiny_with_heads(tmp_path / "t")
     if device != "measured":
-        _flat_device(monkeypatch, 1)
+        _flat_device(monkeypatch)
     spec, measured = resolve(CALIBRATED, tiny, PROMPTS, SEEDS, 2)
     if device != "measured":
-        assert str(spec).startswith("ssd+csd:calibrated=false:rows=1:") and measured.why is None
+        assert str(spec).startswith("ssd+csd:calibrated=false:rows=2:") and measured.choice == "r2"
     text = json.loads(json.dumps({"spec": str(spec), "measurements": measured.to_dict()}))["spec"]  # as recorded
     here = run(spec, tiny, PROMPTS, SEEDS)
     assert torch.equal(_fresh(tiny.path, text, PROMPTS, SEEDS), here.tokens)
@@ -70,7 +71,8 @@ def test_the_worker_records_the_resolved_text_and_decodes_by_the_text_it_is_sent
     from ssdgen.workers.decode_worker import DecodeWorker
     from ssdgen.workers.settings import WorkerSettings
     tiny = tiny_with_heads(tmp_path / "t")
-    _flat_device(monkeypatch, 1)
+    _flat_device(monkeypatch)
+    monkeypatch.setenv("SSDGEN_CACHE", str(tmp_path / "cache"))
     w = DecodeWorker(WorkerSettings(model=f"reference:{tiny.path}", decoder=CALIBRATED))
     rows = [{"prompt_id": f"p{i}", "prompt": p, "seed": s, "error": None}
             for i, (p, s) in enumerate(zip(PROMPTS, SEEDS))]
@@ -81,8 +83,11 @@ def test_the_worker_records_the_resolved_text_and_decodes_by_the_text_it_is_sent
     assert [s.tokens for s in got.samples.values()] == want.tokens.tolist()
     assert not any(k.startswith("_ssd") for k in w.model.__dict__)
     summary = plan_summary(record)
-    assert summary["spec"] == record["spec"] and summary["rows"] == 1 and summary["batch"] == 2
-    assert plan_words(record).startswith("speculating 1 row(s) ahead") and plan_words(summary) == plan_words(record)
+    assert summary["spec"] == record["spec"] and summary["rows"] == 2 and summary["batch"] == 2
+    assert summary["objective"] == "throughput" and summary["choice"] == "r2" and not summary["cached"]
+    assert plan_words(record).startswith("speculating as ssd+csd:calibrated=false:rows=2: a 2-row window at batch 2")
+    assert plan_words(summary) == plan_words(record)
+    assert w.calibrate(rows, 2)["measurements"]["cached"]  # planned again: from the cache
     (unresolved,) = w.decode(rows[:1]).samples.values()  # no text sent: the actor's own spec, still calibrated
     assert unresolved.status == "error" and "resolve it first" in unresolved.error
     (ar,) = w.decode(rows[:1], str(DecodeSpec("ar", (), CALIBRATED.sampling))).samples.values()

@@ -111,21 +111,26 @@ class DecodeWorker:
         images = self.model.decode_images(res.tokens).numpy()
         return res.tokens.cpu().numpy(), images, res.stats
 
-    def calibrate(self, rows: list[dict], batch: int) -> dict:
-        """A calibrated spec resolved at `batch` on this actor's device, timed on the rows' prompts
-        (decoders/calibrate.py) -> {"spec": the concrete spec's text, "measurements": {...}}; the flow records it
-        and sends the text with every batch. Its time is a one-time cost like the model load, and is charged with
-        it (`take_load_seconds`)."""
+    def calibrate(self, rows: list[dict], batch: int, objective: str = "throughput") -> dict:
+        """A calibrated spec resolved at `batch` for the objective on this actor's device, planned on the rows'
+        prompts (decoders/planner.py) -> {"spec": the concrete spec's text, "measurements": the plan}; the flow
+        records it and sends the text with every batch. The device profile comes from the cache when this device
+        measured it before (workers/plan_cache.py). Its time is a one-time cost like the model load, and is
+        charged with it (`take_load_seconds`)."""
         from ssdgen.decoders import resolve
+        from ssdgen.workers import plan_cache
         t0 = time.perf_counter()
         good = [r for r in rows if not r.get("error") and self._valid(r["prompt"])]
         if not good:
             raise ValueError(f"no valid prompt among the first {len(rows)} rows to calibrate "
                              f"{self.decoding.label} on; put valid prompts first, or set calibrated=false")
-        spec, measured = resolve(self.decoding, self.model, [r["prompt"] for r in good],
-                                 [int(r["seed"]) for r in good], batch, self.heads)
+        key = plan_cache.key(self.model, self.decoding, batch)
+        spec, plan = resolve(self.decoding, self.model, [r["prompt"] for r in good],
+                             [int(r["seed"]) for r in good], batch, self.heads, objective, plan_cache.load(key))
+        if not plan.cached:
+            plan_cache.save(key, plan)
         self.load_s += time.perf_counter() - t0
-        return {"spec": str(spec), "measurements": measured.to_dict()}
+        return {"spec": str(spec), "measurements": plan.to_dict()}
 
     def _valid(self, prompt: str) -> bool:
         try:

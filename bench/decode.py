@@ -1,9 +1,12 @@
 """`ssdgen bench`: every decoder in one process, on the same eval prompts and seeds.
 
 Speed: for each decoder and batch size, `n` eval prompts are decoded and timed (forwards per image,
-tokens per forward, seconds per image, images/s); `speedup_vs_ar` is the ratio to `ar` at the same
-batch size, measured in the same run. Quality: `quality_n` eval prompts decoded batched, scored for
-scene and object accuracy and FD against real renders.
+tokens per forward, seconds per image, images/s, waste: query tokens computed in both CFG rows per committed
+token, the mean of the decoders' own per-sample count); `speedup_vs_ar` is the ratio to `ar` at the same
+batch size, measured in the same run. `best` (best_batches): each decoder at the batch size where it
+rendered the most images/s, with its cost, fidelity and batch-1 latency, and its ratio to ar's best: the
+headline, since a dataset job runs at whatever batch is cheapest. Quality: `quality_n` eval prompts decoded
+batched, scored for scene and object accuracy and FD against real renders.
 
 Cost: `usd_per_1k_images` = device-seconds per image x on-demand $ per device-hour / 3600 x 1000, from the
 `--device-type` row of `infra/prices.csv` (`flows.cost.price_for`). A device is what the row prices: on a CPU
@@ -104,7 +107,7 @@ class SpeedTally:
         self.model, self.spec, self.batch_size = model, spec, batch_size
         self.decode_as, self.heads = decode_as or spec, heads
         self.fc = ForwardCounter(model)
-        self.forwards, self.committed, self.latencies, self.accepted = [], [], [], []
+        self.forwards, self.committed, self.latencies, self.accepted, self.waste = [], [], [], [], []
         self.batches, self.seconds, self.n = 0, 0.0, 0
 
     def run_batch(self, prompts: list[str], seeds: list[int]) -> None:
@@ -120,6 +123,7 @@ class SpeedTally:
         self.forwards += [s.forwards for s in res.stats]
         self.committed += [s.tokens_per_forward for s in res.stats]
         self.accepted += [s.acceptance_rate for s in res.stats]
+        self.waste += [s.waste for s in res.stats]
         self.batches += 1
         self.n += len(prompts)
 
@@ -128,6 +132,8 @@ class SpeedTally:
         return {"decoder": self.spec.label, "params": dict(self.spec.params), "batch_size": self.batch_size, "n": n,
                 "forwards_per_image": float(np.mean(self.forwards)),
                 "tokens_per_forward": float(np.mean(self.committed)),
+                # query tokens computed (both CFG rows) per committed token, prefill as one: ar 2.0 with CFG
+                "waste": float(np.mean(self.waste)),
                 # drafts accepted / drafts verified (nan for ar): the heads' and drafters' quality
                 "acceptance_rate": float(np.nanmean(accepted)) if not np.all(np.isnan(accepted)) else None,
                 "seconds_per_image": secs / n, "images_per_s": n / secs,
@@ -227,6 +233,8 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
         _sync(model)
     rows = []
     for bs in batch_sizes:
+        if bs > n:
+            log(f"note: batch {bs} > --n {n}: its batches hold all {n} prompts, as batch {n} would")
         plans = [_calibrate(model, spec, prompts, seeds, bs, heads.get(spec)) for spec in decs]
         resolved = [as_ for as_, _ in plans]
         for row, (_, planned) in zip(speed_rows(model, decs, prompts, seeds, bs, resolved, heads), plans):
@@ -249,7 +257,8 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
     return {"model": model.name, "device": device_label(dev), "torch_device": str(dev),
             "device_type": price.device_type, "devices": devices, "threads": torch.get_num_threads(),
             "price": dataclasses.asdict(price), "model_info": model_info(model),
-            "date": dt.date.today().isoformat(), "sampling": sc.__dict__, "rows": rows} \
+            "date": dt.date.today().isoformat(), "sampling": sc.__dict__, "best": best_batches(rows),
+            "rows": rows} \
         | ({"samples": samples, "fidelity_n": fidelity_n, "tolerance": tolerance} if fidelity_n else {})
 
 
@@ -262,7 +271,7 @@ def _calibrate(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], ba
     if measured is None:
         return spec, None
     return resolved, {"plan_rows": speculative_rows(resolved), "plan_spec": str(resolved),
-                      "calibration_s": measured.seconds, "plan_measured": measured.measured}
+                      "calibration_s": measured.seconds, "plan_choice": measured.choice, "plan_why": measured.why}
 
 
 def _add_quality(model, decs, rows, chosen, n, batch, seed, log) -> None:
@@ -311,3 +320,25 @@ def _add_fidelity(model, decs, rows, n, batch, seed, tolerance, log) -> dict | N
             if "scene_accuracy" in f and "quality_n" not in row:  # the scorer's verdict on the same samples
                 row.update(scene_accuracy=f["scene_accuracy"], object_accuracy=f["object_accuracy"], quality_n=n)
     return fid.get("samples")
+
+
+BEST_COLS = ("batch_size", "images_per_s", "seconds_per_image", "usd_per_1k_images", "usd_per_1k_images_spot",
+             "waste", "speedup_vs_ar", "plan_spec", "fidelity_of", "fidelity_n") + FIDELITY_COLS
+
+
+def best_batches(rows: list[dict]) -> list[dict]:
+    """Per decoder (in the rows' order), its row with the most images/s among the batch sizes measured: that
+    row's BEST_COLS (the fidelity ones where the bench measured them), `latency_batch1_s` (s/image at batch 1,
+    None when batch 1 was not measured) and `vs_ar_best` (its images/s / ar's best images/s; None without ar)."""
+    best: dict[str, dict] = {}
+    for r in rows:
+        if r["images_per_s"] > best.get(r["decoder"], {"images_per_s": -1.0})["images_per_s"]:
+            best[r["decoder"]] = r
+    ar_best = best["ar"]["images_per_s"] if "ar" in best else None
+    out = []
+    for d, r in best.items():
+        one = next((x for x in rows if x["decoder"] == d and x["batch_size"] == 1), None)
+        out.append({"decoder": d} | {k: r[k] for k in BEST_COLS if k in r}
+                   | {"latency_batch1_s": None if one is None else one["seconds_per_image"],
+                      "vs_ar_best": None if ar_best is None else r["images_per_s"] / ar_best})
+    return out

@@ -47,6 +47,7 @@ class _Timed:
 
     def __init__(self, model):
         self.__dict__["_m"], self.__dict__["inside"], self.__dict__["forwards"] = model, 0.0, 0
+        self.__dict__["step_s"] = 0.0  # `step` alone: the model's forward, what the host share is of
 
     def __getattr__(self, name):
         attr = getattr(self._m, name)
@@ -59,6 +60,7 @@ class _Timed:
                 return attr(*args, **kwargs)
             finally:
                 self.__dict__["inside"] += time.perf_counter() - t
+                self.__dict__["step_s"] += (time.perf_counter() - t) * (name == "step")
                 self.__dict__["forwards"] += name in ("start", "step")
         return timed
 
@@ -75,8 +77,9 @@ def _heads(model, seed: int = 1):
     heads.save(model.default_heads)
 
 
-def measure(model, family: str, params: dict, batch: int, repeats: int) -> dict:
-    """The best of `repeats` decodes of one batch: host ms per forward, and what it came from."""
+def measure(model, family: str, params: dict, batch: int, repeats: int, prompts: list[str] | None = None) -> dict:
+    """The best of `repeats` decodes of one batch: host ms per forward, the host share of the model's step time
+    (wall minus `step`, drafting's own model calls included, over `step`), and what they came from."""
     from ssdgen.decoders import DecodeSpec, decode, heads_for
     from ssdgen.decoders.sampling import SamplingConfig
     sc = SamplingConfig(cfg_scale=3.0)
@@ -85,10 +88,12 @@ def measure(model, family: str, params: dict, batch: int, repeats: int) -> dict:
     for r in range(repeats):
         timed = _Timed(model)
         t = time.perf_counter()
-        decode(family, timed, [PROMPT] * batch, list(range(r * batch, (r + 1) * batch)), sc, params, heads)
+        decode(family, timed, (prompts or [PROMPT] * batch)[:batch], list(range(r * batch, (r + 1) * batch)), sc,
+               params, heads)
         wall = time.perf_counter() - t
-        row = {"wall_s": wall, "model_s": timed.inside, "forwards": timed.forwards,
-               "host_ms_per_forward": 1e3 * (wall - timed.inside) / max(1, timed.forwards)}
+        row = {"wall_s": wall, "model_s": timed.inside, "step_s": timed.step_s, "forwards": timed.forwards,
+               "host_ms_per_forward": 1e3 * (wall - timed.inside) / max(1, timed.forwards),
+               "host_share_of_step": (wall - timed.step_s) / max(timed.step_s, 1e-9)}
         if best is None or row["host_ms_per_forward"] < best["host_ms_per_forward"]:
             best = row
     return best
@@ -139,6 +144,33 @@ def conditions() -> dict:
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version(), "machine": platform.machine(),
             "load_average_1_5_15": list(os.getloadavg()), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+# On the bundled model (--model): the engines as a run decodes them, the planner's short windows included
+MODEL_DECODERS = [("ar", "ar", {}), ("sjd coupled w8", "sjd", {"window": 8, "coupled": True}),
+                  ("ssd lossless w5", "ssd", {"lossless": True, "window": 5}),
+                  ("ssd+csd w5", "ssd+csd", {"calibrated": False, "window": 5, "lam": 1.0}),
+                  ("ssd+csd 1 row", "ssd+csd", {"calibrated": False, "rows": 1}),
+                  ("ssd block", "ssd", {"rows": 2, "rounds": 1, "commit": "block"})]
+
+
+def run_model(model_spec: str, batches: list[int], repeats: int) -> dict:
+    """Host time and its share of the model's step per engine and batch, on a real model and the eval prompts."""
+    from ssdgen.models.registry import load_model
+    from ssdgen.reference.prompts import eval_prompts
+    model = load_model(model_spec, device="cpu", dtype="fp32")
+    prompts = [r["prompt"] for r in eval_prompts(max(batches))]
+    measure(model, "ar", {}, 1, 1, prompts)  # first-call costs off the rows
+    rows = []
+    for label, family, params in MODEL_DECODERS:
+        for b in batches:
+            row = {"decoder": label, "batch": b} | measure(model, family, params, b, repeats, prompts)
+            rows.append(row)
+            print(f"{label:<16} batch {b:>3}: host {row['host_ms_per_forward']:7.2f} ms/forward, "
+                  f"{100 * row['host_share_of_step']:5.1f}% of the model's step ({row['forwards']} forwards, "
+                  f"wall {row['wall_s']:.2f} s)", flush=True)
+    return {"what": f"host (non-step) wall time per forward and its share of the step, {model_spec}",
+            "model": model.name, "repeats": repeats, "conditions": conditions(), "rows": rows}
 
 
 def run(batches: list[int], repeats: int, codes: int, grid: int) -> dict:

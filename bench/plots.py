@@ -230,12 +230,34 @@ def samples_table(samples: dict) -> str:
 
 BENCH_COLS = [("decoder", "decoder"), ("batch_size", "batch"), ("n", "n"),
               ("forwards_per_image", "forwards / image"), ("tokens_per_forward", "tokens / forward"),
-              ("seconds_per_image", "s / image"), ("images_per_s", "images / s"),
+              ("waste", "tokens computed / committed"), ("seconds_per_image", "s / image"),
+              ("images_per_s", "images / s"),
               ("latency_p50_s", "latency p50 (s)"), ("latency_p90_s", "latency p90 (s)"),
               ("speedup_vs_ar", "speedup vs ar"), ("usd_per_1k_images", "$ / 1k images"),
               ("nll_gap", "NLL gap to ar"), ("nll_gap_ci", "95% interval"), ("indistinguishable", "= ar?"),
               ("fd_to_ar", "FD to ar"),
               ("scene_accuracy", "scene acc."), ("object_accuracy", "object acc."), ("fd", "FD")]
+
+
+BEST_COLS = [("decoder", "decoder"), ("batch_size", "best batch"), ("images_per_s", "images / s"),
+             ("vs_ar_best", "vs ar's best"), ("usd_per_1k_images", "$ / 1k images on demand"),
+             ("usd_per_1k_images_spot", "$ / 1k images spot"), ("waste", "tokens computed / committed"),
+             ("nll_gap", "NLL gap to ar"), ("nll_gap_ci", "95% interval"), ("within_tolerance", "within tolerance"),
+             ("latency_batch1_s", "latency at batch 1 (s / image)")]
+
+
+def best_section(res: dict) -> list[str]:
+    """The page's headline: each decoder at its best measured batch size (bench.decode.best_batches), or
+    nothing for a result recorded before the bench reported it."""
+    best = res.get("best")
+    if not best:
+        return []
+    sizes = sorted({r["batch_size"] for r in res["rows"]})
+    return ["<h2>Best batch per decoder</h2>", table(best, BEST_COLS, left=("decoder",)),
+            f'<p class="meta">Each decoder at the batch size with the most images/s among those measured '
+            f'({esc(", ".join(map(str, sizes)))}): what a dataset job would run. &ldquo;vs ar\'s best&rdquo; '
+            "divides its images/s by ar's at ar's own best batch size. Tokens computed / committed: query "
+            "tokens fed to the model in both CFG rows per image token (plain AR with CFG: 2).</p>"]
 
 
 def bench_html(res: dict, samples: dict | None = None) -> str:
@@ -246,11 +268,13 @@ def bench_html(res: dict, samples: dict | None = None) -> str:
     meta = (f"model {esc(res.get('model'))} &middot; device {esc(res.get('device'))} &middot; "
             f"{esc(res.get('date'))} &middot; sampling {esc(res.get('sampling'))}")
     quality = any(r.get("scene_accuracy") is not None for r in rows)
-    body = ["<h2>Results</h2>", table(rows, BENCH_COLS, left=("decoder",))]
+    body = best_section(res) + ["<h2>Results</h2>", table(rows, BENCH_COLS, left=("decoder",))]
     if p:
+        spot = p.get("spot_usd_per_hour")
+        spot = "no price" if spot is None else f'{esc(spot)} $/{esc(p.get("unit"))}-hour'
         body.append(f'<p class="meta">$ / 1k images = device-seconds per image &times; '
                     f'{esc(p.get("on_demand_usd_per_hour"))} $/{esc(p.get("unit"))}-hour on demand / 3600 '
-                    '&times; 1000, '
+                    f'&times; 1000 (spot: {spot}), '
                     f'with {esc(res.get("devices"))} {esc(p.get("unit"))}(s) billed '
                     f'(device type {esc(p.get("device_type"))}, {esc(p.get("instance_type"))}; '
                     f'price as of {esc(p.get("as_of"))}: {esc(p.get("source"))}).</p>')

@@ -38,15 +38,15 @@ def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for sever
     heads = heads_for(spec, m)
     resolved, measured = resolve(spec, m, prompts, seeds, len(prompts), heads)  # a calibrated spec: on this batch
     if measured is not None:
-        typer.echo(f"{decoder} resolved on this device to {resolved}")
+        typer.echo(f"{decoder} planned on this device: {measured.why}; decoding as {resolved}")
     res = run(resolved, m, prompts, seeds, heads)
     imgs = m.decode_images(res.tokens).numpy()
     rows = [np.concatenate(list(imgs[i * n:(i + 1) * n]), axis=1) for i in range(len(prompt))]
     Image.fromarray(np.concatenate(rows, axis=0)).save(out)
     fwd = np.mean([s.forwards for s in res.stats])
     typer.echo(f"wrote {out} ({len(prompts)} images, {decoder}, {fwd:.1f} forwards per image)")
-    if (why := res.stats[0].ar_fallback or (measured and measured.why)) is not None:  # said, never silent
-        typer.echo(f"note: {decoder} decoded this batch as plain AR ({why})")
+    if resolved.family == "ar" and spec.family != "ar":  # a fall-back to plain AR is said, never silent
+        typer.echo(f"note: {decoder} decoded this batch as plain AR ({measured.why})")
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -54,6 +54,35 @@ def _batch_sizes(text: str) -> list[int]:
         return [int(b) for b in text.split(",") if b.strip()]
     except ValueError:
         raise ValueError(f"--batch-sizes must be comma-separated integers, got {text!r}") from None
+
+
+BEST_COLS = ("decoder", "batch_size", "images_per_s", "vs_ar_best", "usd_per_1k_images", "usd_per_1k_images_spot",
+             "waste", "nll_gap", "nll_gap_ci", "within_tolerance", "latency_batch1_s")
+ROW_COLS = ("decoder", "batch_size", "forwards_per_image", "tokens_per_forward", "waste", "seconds_per_image",
+            "speedup_vs_ar", "usd_per_1k_images", "nll_gap", "scene_accuracy", "object_accuracy", "fd")
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):  # an interval
+        return "[" + ", ".join(_cell(x) for x in v) + "]"
+    return "" if v is None else str(v)
+
+
+def _echo_table(cols: tuple[str, ...], rows: list[dict]) -> None:
+    typer.echo(" | ".join(cols))
+    for r in rows:
+        typer.echo(" | ".join(_cell(r.get(c)) for c in cols))
+
+
+def _echo_bench(res: dict) -> None:
+    """The headline first (each decoder at its best measured batch size: what a dataset job would run), then
+    every decoder and batch size."""
+    typer.echo("best batch per decoder (the most images/s among the batch sizes measured; latency at batch 1)")
+    _echo_table(BEST_COLS, res.get("best", []))
+    typer.echo("")
+    _echo_table(ROW_COLS, res["rows"])
 
 
 @app.command("bench")
@@ -93,11 +122,7 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd",
                 device_type=device_type, quality_decoders=chosen, fidelity_n=fidelity_n, tolerance=tolerance,
                 quality_batch=quality_batch)
     samples = res.pop("samples", None)  # images: for the page, not the JSON
-    cols = ("decoder", "batch_size", "forwards_per_image", "tokens_per_forward", "seconds_per_image",
-            "speedup_vs_ar", "usd_per_1k_images", "nll_gap", "scene_accuracy", "object_accuracy", "fd")
-    typer.echo(" | ".join(cols))
-    for r in res["rows"]:
-        typer.echo(" | ".join(f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols))
+    _echo_bench(res)
     if json_path:
         json_path.write_text(json.dumps(res, indent=1))
         typer.echo(f"wrote {json_path}")
@@ -153,10 +178,11 @@ def calibrate_cmd(decoder: str = RUN_DECODER,
                   batch_sizes: str = typer.Option("1,4,16", help="comma-separated batch sizes"),
                   json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
                   seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
+                  objective: str = typer.Option("throughput", help="throughput (most images/s) or latency"),
                   device: str = DEVICE, dtype: str = DTYPE, model: Optional[str] = MODEL):
     """What a calibrated decoder (calibrated=true, ssd+csd's default) would decide on this device at each batch
-    size, as `generate` decides it once per run (decoders/calibrate.py): the curve's estimates, the timed
-    choices and the rows chosen (0 = plain AR)."""
+    size, as `generate` decides it once per run (decoders/planner.py): each choice's expected images/s, the
+    choice and why."""
     spec = spec_of(decoder)
     if not spec.calibrated:
         raise ValueError(f"--decoder {decoder!r} is not calibrated (only ssd and ssd+csd with calibrated=true are)")
@@ -174,13 +200,11 @@ def calibrate_cmd(decoder: str = RUN_DECODER,
     for b in sizes:
         k = max(b, CALIBRATION_PROMPTS)
         resolved, measured = resolve(spec, m, [r["prompt"] for r in rows[:k]],
-                                     [seed * 1_000_003 + r["seed"] for r in rows[:k]], b, heads)
+                                     [seed * 1_000_003 + r["seed"] for r in rows[:k]], b, heads, objective)
         plan = {"spec": str(resolved), "rows": speculative_rows(resolved)} | measured.to_dict()
         plans.append(plan)
-        est = ", ".join(f"{r}: {v:.1f}" for r, v in plan["estimates"].items())
-        timed = ", ".join(f"{r}: {v:.3f}" for r, v in plan["measured"].items()) or "none"
-        typer.echo(f"batch {b:>4}: rows {plan['rows']} ({'plain AR' if plan['rows'] == 0 else 'speculate'}: "
-                   f"{plan['spec']}); estimates (tokens/s per sample) {est}; timed (images/s) {timed}; "
+        est = ", ".join(f"{c.split('@')[0]}: {v:.2f}" for c, v in plan["estimates"].items())
+        typer.echo(f"batch {b:>4}: {plan['why']}; {plan['spec']}; estimates (images/s) {est}; "
                    f"{plan['seconds']:.1f} s")
     if json_path:
         json_path.write_text(json.dumps({"decoder": str(spec), "model": m.name, "plans": plans}, indent=1))
@@ -191,14 +215,17 @@ def calibrate_cmd(decoder: str = RUN_DECODER,
 @friendly
 def projection_cmd(bench_json: Path = typer.Option(..., "--bench-json", help="a `ssdgen bench --json` result"),
                    accelerators: str = typer.Option("l4,a10g,a100-40gb,h100,h200", help="comma-separated"),
-                   models: str = typer.Option("1b@24,7b@48", help="comma-separated SIZE@GRID, SIZE in "
-                                                                  "{1b, 7b} (e.g. 7b@48 = 7B params, 48x48 tokens)"),
-                   batch_sizes: str = typer.Option("1,4,16,64", help="comma-separated"),
+                   models: str = typer.Option("1b@24,7b@48,emu3-8b", help="comma-separated SIZE@GRID, SIZE in "
+                                              "{1b, 7b, emu3-8b, janus-pro-7b} (e.g. 7b@48 = 7B params, 48x48 "
+                                              "tokens); emu3-8b and janus-pro-7b alone take their own grid"),
+                   batch_sizes: str = typer.Option("1,4,16,64", help="comma-separated; the best batch is also "
+                                                   "searched over powers of two up to the memory cap"),
                    cfg: bool = typer.Option(True, help="classifier-free guidance doubles the batch"),
                    json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
                    html: Optional[Path] = typer.Option(None, "--html", help="write a standalone HTML page here")):
     """PROJECTION (not a measurement): images/s and $ per 1k images on named accelerators, from a bench's
-    measured acceptance statistics and a roofline model; the KV cache caps the batch."""
+    measured acceptance statistics and a roofline model; memory (weights + KV cache, CFG doubling the rows) caps
+    the batch, each decoder's best batch is found up to that cap, and the words say where speculation wins."""
     from ssdgen.bench.projection import project_cli
     res = project_cli(bench_json, accelerators, models, batch_sizes, cfg)
     for line in res["text"]:
@@ -275,8 +302,8 @@ def eval_cmd(decoder: str = DECODER, n: int = typer.Option(1024, help="eval prom
     typer.echo(f"model {res['model']}  decoder {spec}  n {res['n']}  batch {batch_size}  seed {seed}")
     if res["measurements"] is not None:  # a fall-back to plain AR is reported, never silent
         typer.echo(f"  note: {spec.label} resolved on this device to {res['resolved']}" + (
-            " (plain AR: faster on this device at this batch size); calibrated=false scores its speculative path"
-            if res["measurements"]["why"] else ""))
+            f" ({res['measurements']['why']}); calibrated=false scores its speculative path"
+            if res["resolved"].startswith("ar:") else ""))
     for k in ("scene_accuracy", "object_accuracy", "fd", "fd_real_heldout", "fd_tokenizer_floor",
               "forwards_per_image", "seconds_per_image"):
         typer.echo(f"  {k:<22} {res[k]:.4f}")

@@ -279,16 +279,19 @@ def host_time_cmd(out: Optional[Path] = typer.Option(None, help="write the JSON 
                   repeats: int = typer.Option(5, help="decodes per row; the fastest counts"),
                   codes: int = typer.Option(256, help="image-token vocabulary of the tiny model"),
                   grid: int = typer.Option(8, help="image tokens per side"),
-                  threads: int = typer.Option(1, help="torch threads (1: least sensitive to other load)")):
-    """Host (non-model) wall time per model forward of each decoder, on a tiny random model (docs/benchmarks.md)."""
+                  threads: int = typer.Option(1, help="torch threads (1: least sensitive to other load)"),
+                  model: Optional[str] = typer.Option(None, help="a real model (e.g. reference) instead of the tiny "
+                                                                 "one: the engines a run uses, on eval prompts")):
+    """Host (non-model) wall time per model forward of each decoder, on a tiny random model or a real one, and its
+    share of the model's step (docs/benchmarks.md)."""
     import torch
 
-    from ssdgen.bench.host_time import run
+    from ssdgen.bench.host_time import run, run_model
     sizes = [int(b) for b in batches.split(",") if b.strip()]
     if not sizes or min(sizes) < 1 or repeats < 1:
         raise ValueError(f"--batches must be integers >= 1 and --repeats >= 1, got {batches!r} and {repeats}")
     torch.set_num_threads(threads)
-    res = run(sizes, repeats, codes, grid)
+    res = run_model(model, sizes, repeats) if model else run(sizes, repeats, codes, grid)
     if out:
         out.write_text(json.dumps(res, indent=1))
         typer.echo(f"wrote {out}")

@@ -144,20 +144,21 @@ def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: s
          batch_size: int = typer.Option(8, help="prompts per decoder call"),
          actors: int = typer.Option(2, help="Ray actors (each loads the model once)"), model: Optional[str] = MODEL):
     """The embedded default job: the bundled example prompts (Parquet) through the Prefect flow on local Ray
-    actors into OUT/run, then a grid.png of the committed images."""
+    actors into OUT/run (the summary says what the planner chose and why), then a grid.png of the committed
+    images with their prompts."""
     import io
     import numpy as np
     from PIL import Image
     from ssdgen.flows.settings import RunSettings
+    from ssdgen.reference.figures import captioned_grid
     from ssdgen.reference.prompts import EXAMPLES_PARQUET
     from ssdgen.flows.reader import open_run
     cfg = RunSettings(prompts=(str(EXAMPLES_PARQUET),), out=str(out / "run"), model=model or "reference",
                          decoder=spec_of(decoder), shard_size=4, batch_size=batch_size, actors=actors)
     _run(cfg, overwrite=False, progress=True)  # a second `make demo` finds nothing to do and ends at once
-    rows = open_run(str(out / "run"), columns=["image"]).to_table().to_pylist()
-    imgs = [r["image"]["bytes"] for r in rows if r["image"]]
-    grid = np.concatenate([np.asarray(Image.open(io.BytesIO(b)).convert("RGB")) for b in imgs], axis=1)
-    Image.fromarray(grid).save(out / "grid.png")
+    rows = [r for r in open_run(str(out / "run"), columns=["prompt", "image"]).to_table().to_pylist() if r["image"]]
+    imgs = [np.asarray(Image.open(io.BytesIO(r["image"]["bytes"])).convert("RGB")) for r in rows]
+    captioned_grid(imgs, [r["prompt"] for r in rows]).save(out / "grid.png")
     typer.echo(f"{len(imgs)} images -> {(out / 'run').resolve()}/ (shards/*/attempt-*/images.parquet); "
                f"look at {(out / 'grid.png').resolve()}")
 

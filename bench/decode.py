@@ -311,9 +311,9 @@ def _add_fidelity(model, decs, rows, n, batch, seed, tolerance, log) -> dict | N
     specs = {s.label: s for s in decs}
     for row in rows:
         f = by_label.get(row["decoder"])
-        if row.get("plan_rows") is not None:
-            r = row["plan_rows"]
-            f = by_label["ar"] if r == 0 else by_label[choices(specs[row["decoder"]])[r].label]
+        if row.get("plan_choice") is not None:  # what the plan decoded: AR, or one of the spec's choices
+            c = row["plan_choice"]
+            f = by_label["ar"] if c == "ar" else by_label[choices(specs[row["decoder"]])[c].label]
             row["fidelity_of"] = f["decoder"]
         if f is not None:
             row.update({k: f[k] for k in FIDELITY_COLS} | {"fidelity_n": n})

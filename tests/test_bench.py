@@ -227,3 +227,22 @@ def test_bench_fidelity_columns_and_frontier_page(tmp_path):
     page = bench_html(res, res.pop("samples"))
     assert "Speed vs fidelity" in page and "NLL gap to ar" in page
     json.dumps(res)
+
+
+def test_a_calibrated_specs_rows_carry_the_fidelity_of_what_its_plan_decoded(tmp_path):
+    """ssd+csd (calibrated) is planned at each batch size; each of its rows gets the fidelity of the choice its
+    plan made (`fidelity_of`: the AR control, or that choice's uncalibrated spec), and the best-batch table
+    names it."""
+    from ssdgen.decoders.spec import DecodeSpec
+    from ssdgen.bench.decode import bench
+    from tiny import tiny_with_heads
+    m = tiny_with_heads(tmp_path / "t")
+    res = bench(m, [DecodeSpec.parse("ar"), DecodeSpec.parse("ssd+csd:cfg=3")], 4, [1, 2], 0,
+                log=lambda *_: None, fidelity_n=8, quality_batch=4)
+    rows = [r for r in res["rows"] if r["decoder"].startswith("ssd+csd")]
+    assert len(rows) == 2
+    for r in rows:
+        want = "ar" if r["plan_choice"] == "ar" else DecodeSpec.parse(r["plan_spec"]).label
+        assert r["fidelity_of"] == want and r["plan_why"] and "nll_gap" in r
+    assert [b["decoder"] for b in res["best"]] == ["ar", rows[0]["decoder"]]
+    json.dumps(res)

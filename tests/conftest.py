@@ -10,6 +10,11 @@ import pytest
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# The planner's profile cache (workers/plan_cache.py) of this test session only: a test plans from measurements
+# it made, never from the user's ~/.cache or from an earlier session's machine load.
+if "SSDGEN_CACHE" not in os.environ:
+    import tempfile
+    os.environ["SSDGEN_CACHE"] = tempfile.mkdtemp(prefix="ssdgen-test-cache-")
 
 
 # Tests that use these start a service (Prefect's API, moto's S3 server, a local Ray): marked `integration`

@@ -65,14 +65,15 @@ class ForwardCounter:
                 self.trace.append([rows, _prompt_len(m), _prompt_len(m)])
             return out
 
-        def counted_step(tokens, index):
+        def counted_step(tokens, index, lengths=None):
             self.steps += 1
             f = getattr(self, "_cfg_factor", 1)
             self.step_rows += tokens.shape[0] * f
-            self.step_tokens += tokens.numel() * f
-            if self.recording:  # the furthest position fed bounds the attention's width
+            # a packed step computes each row's own entries only
+            self.step_tokens += (tokens.numel() if lengths is None else int(lengths.sum())) * f
+            if self.recording:  # the furthest position fed bounds the attention's width; the padded width
                 self.trace.append([tokens.shape[0] * f, tokens.shape[1], _prompt_len(m) + int(index.max()) + 1])
-            return step(tokens, index)
+            return step(tokens, index, lengths)
 
         m.start, m.step = counted_start, counted_step
         return self

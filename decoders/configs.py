@@ -97,6 +97,8 @@ class SJDConfig:
     init: str = "random"
     relax: Relaxation = Relaxation()  # lam = 0: lossless SJD; lam > 0: CSD
     coupled: bool = False  # Jacobi updates by Gumbel-max with fixed per-position noise (see module doc)
+    adaptive: bool = False  # each sample's window follows its own acceptance, up to `window` (window_sizes.py)
+    packed: bool = True  # the model feeds each sample its own window only (False: every row the whole window)
 
     def __post_init__(self):
         check_types(self)
@@ -115,7 +117,10 @@ class SSDConfig:
     commit: str = "prefix"
     two_d: bool = True  # False: horizontal-only drafting (ablation)
     relax: Relaxation = Relaxation()  # CSD acceptance (ssd+csd)
-    adaptive: bool = False  # commit=block: adapt rows per sample and block (block.AdaptivePolicy) from `rows`
+    # commit=block: adapt rows per sample and block (block.AdaptivePolicy) from `rows`; the window loop: each
+    # sample's window follows its own acceptance, up to the window (window_sizes.py)
+    adaptive: bool = False
+    packed: bool = True  # the window loop: the model feeds each sample its own window only (False: padded)
     max_rows: int = 4
     token_budget: int = 0  # commit=block: drafted tokens per forward the batch may use (0 = unlimited)
     calibrated: bool = False  # cap rows from the device's measured cost curve (decoders/cost_curve.py)
@@ -138,10 +143,10 @@ class SSDConfig:
         if self.lossless and self.relax.active:
             raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0; ssd+csd relaxes by default): "
                              "ssd:lossless=true is the lossless spatial decoder")
-        if self.prefix_engine and (self.adaptive or self.token_budget):
-            raise ValueError("the prefix engine (commit=prefix, the default, or lossless) slides a fixed window of "
-                             "`rows` rows: adaptive and token_budget are not supported (they belong to the lossy "
-                             "block decoder, commit=block); set adaptive=false, token_budget=0")
+        if self.prefix_engine and self.token_budget:
+            raise ValueError("the prefix engine (commit=prefix, the default, or lossless) sizes each sample's "
+                             "window itself: token_budget is not supported (it belongs to the lossy block decoder, "
+                             "commit=block); set token_budget=0")
         if self.calibrated and self.token_budget:
             raise ValueError("calibrated and token_budget both cap the rows: set one (token_budget=0 with "
                              "calibrated=true, or calibrated=false with a budget)")

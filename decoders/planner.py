@@ -195,11 +195,11 @@ class _StepTimer:
     def __getattr__(self, name):
         return getattr(self._m, name)
 
-    def step(self, tokens, index):
+    def step(self, tokens, index, lengths=None):
         sync(torch.device(getattr(self._m, "device", "cpu")))
         t0 = time.perf_counter()
         try:
-            return self._m.step(tokens, index)
+            return self._m.step(tokens, index, lengths)
         finally:
             sync(torch.device(getattr(self._m, "device", "cpu")))
             self.__dict__["inside"] += time.perf_counter() - t0

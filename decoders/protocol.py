@@ -1,9 +1,9 @@
 """The model protocol every decoder uses and every image AR model implements.
 
 Image tokens are addressed by their raster index i in [0, H*W). `start` prefills the prompts (and, with
-CFG, the unconditional branch) and returns the logits for index 0. `step(tokens, index)` feeds tokens at
-the given indices, per sample, and returns for each the logits that predict index + 1, plus the last
-hidden state before the final norm. Caches are position-indexed: feeding a sample from an earlier index
+CFG, the unconditional branch) and returns the logits for index 0. `step(tokens, index, lengths)` feeds
+tokens at the given indices, per sample (the first lengths[b] of row b; all without lengths), and returns
+for each the logits that predict index + 1, plus the last hidden state before the final norm. Caches are position-indexed: feeding a sample from an earlier index
 is its rollback, and touches no other sample.
 """
 
@@ -35,8 +35,10 @@ class ImageTokenModel(Protocol):
     def start(self, prompts: list[str], use_cfg: bool) -> StepOutput:
         """Allocate caches for len(prompts) samples, prefill, return logits for index 0 ([B, 1, V])."""
 
-    def step(self, tokens: torch.Tensor, index: torch.Tensor) -> StepOutput:
-        """tokens, index [B, S] -> logits predicting index + 1, [B, S, V]."""
+    def step(self, tokens: torch.Tensor, index: torch.Tensor, lengths: torch.Tensor | None = None) -> StepOutput:
+        """tokens, index [B, S] -> logits predicting index + 1, [B, S, V]. lengths [B] (optional): only row b's
+        first lengths[b] entries are real, the rest padding whose outputs are junk; a model may skip computing
+        them (a packed ragged step) or compute them anyway (None: every entry is real)."""
 
     def embed(self, tokens: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Input embeddings of image tokens at indices, [B, S, D]."""

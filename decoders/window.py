@@ -43,12 +43,14 @@ from .protocol import ImageTokenModel, check_request
 from .sampling import SamplingConfig, gumbel_sample, model_device, processed_probs, sample_from
 from .stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult, Tally
 from .verify import Verdict, entropy, verify
+from .window_sizes import WindowSizes
 
 
 def ssd_window(cfg: SSDConfig, W: int) -> SJDConfig:
     """An SSD config as this loop's settings: a window of `window` tokens, or of `rows` rows after the last
     committed token (at most 64 tokens), coupled, with the config's acceptance."""
-    return SJDConfig(window=cfg.window or min(64, cfg.rows * W + 1), coupled=True, relax=cfg.relax)
+    return SJDConfig(window=cfg.window or min(64, cfg.rows * W + 1), coupled=True, relax=cfg.relax,
+                     adaptive=cfg.adaptive, packed=cfg.packed)
 
 
 def _configure(model, sc: SamplingConfig, cfg, heads, batch: int) -> tuple[SJDConfig, Drafter, dict]:
@@ -80,7 +82,7 @@ def decode_window(model: ImageTokenModel, prompts: list[str], seeds: list[int], 
     while (jac.n < jac.N).any():
         jac.forward()
     extra = {"window": win.window, "init": drafter.name, "coupled": win.coupled, "lam": win.relax.lam,
-             "delta": win.relax.delta} | ssd_extra
+             "delta": win.relax.delta, "window_sizes": "adaptive" if win.adaptive else "fixed", "packed": win.packed} | ssd_extra
     stats = jac.tally.stats(model.grid, (time.perf_counter() - t0) / len(prompts), extra)
     return DecodeResult(jac.buf[:, :jac.N].clone(), stats)
 
@@ -104,47 +106,65 @@ class _Jacobi:
         self.n = torch.ones(B, dtype=torch.long, device=dev)  # tokens committed per sample
         self.t = torch.zeros(B, dtype=torch.long, device=dev)  # forwards per sample: its uniforms' counter
         self.tally = Tally(B, N + K + 1, dev, hist_bins=K + 2, cfg=sc.uses_cfg)
+        self.sizes = WindowSizes(B, cfg.window, cfg.adaptive, dev)
+        self.packed = cfg.packed
+        self.L = torch.zeros_like(self.n)  # [B] tokens each sample feeds next (first_window, then _advance)
 
     def first_window(self) -> None:
-        """Fresh drafts for the whole first window, after the prefill's token 0."""
+        """Fresh drafts for the first window, after the prefill's token 0."""
         n, K = self.n, self.K
         u_init = self.streams.uniform(rng.Purpose.SJD_FIRST, 0, width=K)  # [B, K]
-        self.p = self.drafter.draft(self.buf, n, torch.zeros_like(n), torch.full_like(n, K), u_init)
+        self.L = self.sizes.lengths(n, self.N)
+        self.p = self.drafter.draft(self.buf, n, torch.zeros_like(n), (self.L - 1).clamp(min=0), u_init)
+
+    def _feed(self) -> tuple[int, torch.Tensor | None]:
+        """(slots fed per row S, the model's lengths): the packed step feeds each sample its own window L_b,
+        padded to the batch's widest (None when every row is that wide); the padded one the whole window."""
+        if not self.packed:
+            return self.K + 1, None
+        lo, hi = torch.stack([self.L.min(), self.L.max()]).tolist()  # the loop's one host sync per forward
+        return max(hi, 1), (None if lo == hi else self.L)
 
     def forward(self) -> None:
-        N, K, n, rows = self.N, self.K, self.n, self.rows
+        N, n, rows, L = self.N, self.n, self.rows, self.L
+        S, lengths = self._feed()
+        K = S - 1  # drafts fed this forward (the config's K when padded)
         active = n < N
-        idx = (n - 1)[:, None] + self.slots  # [B, K+1] window indices, may run past N
-        tokens = self.buf[rows[:, None], idx]  # [B, K+1]
-        out = self.model.step(tokens, idx)
-        self.drafter.observe(out, idx)
-        q = processed_probs(out.cond, out.uncond, self.sc)  # [B, K+1, V]
-        # keyed by (seed, the sample's forward number): accept K, resample 1, Jacobi K+1, init K
-        u = self.streams.uniform(rng.Purpose.SJD_STEP, self.t, width=3 * K + 2)  # [B, 3K+2]
+        idx = (n - 1)[:, None] + self.slots[:S]  # [B, S] window indices, may run past N
+        tokens = self.buf[rows[:, None], idx]  # [B, S]
+        out = self.model.step(tokens, idx, lengths)
+        fed = self.slots[:S][None, :] < L[:, None]  # [B, S] a sample's own window; the rest is padding
+        self.drafter.observe(out, idx, fed)
+        q = processed_probs(out.cond, out.uncond, self.sc)  # [B, S, V]
+        # keyed by (seed, the sample's forward number): accept K, resample 1, Jacobi K+1, init K (config's K)
+        Kc = self.K
+        u = self.streams.uniform(rng.Purpose.SJD_STEP, self.t, width=3 * Kc + 2)  # [B, 3K+2]
         self.t = self.t + active.long()  # finished samples' numbers are never used
-        u_acc, u_res, u_jac, u_init = u[:, :K], u[:, K], u[:, K + 1:2 * K + 2], u[:, 2 * K + 2:]
-        n_valid = (N - n).clamp(max=K)  # [B] drafts that lie inside the image
-        v = verify(tokens[:, 1:], self.p, q, n_valid, u_acc, u_res, self.relax)
+        u_acc, u_res, u_jac, u_init = u[:, :K], u[:, Kc], u[:, Kc + 1:Kc + 1 + S], u[:, 2 * Kc + 2:]
+        n_valid = (L - 1).clamp(min=0)  # [B] drafts judged: the sample's window, which stops at the image's end
+        v = verify(tokens[:, 1:], self.p[:, :K], q, n_valid, u_acc, u_res, self.relax)
         if self.noise is not None:  # q[:, s] is the distribution of index idx[:, s] + 1
-            jacobi = gumbel_sample(q, self.noise.rows((idx + 1).clamp(max=N + K), active))  # [B, K+1]
+            jacobi = gumbel_sample(q, self.noise.rows((idx + 1).clamp(max=N + Kc), active))  # [B, S]
         else:
-            jacobi = sample_from(q, u_jac)  # [B, K+1] the target's own sample at every window position
+            jacobi = sample_from(q, u_jac)  # [B, S] the target's own sample at every window position
         n_acc = torch.where(active, v.n_accepted, 0)  # [B]
-        self._record(v, q, n_acc, n_valid, active)
+        self._record(v, q, n_acc, n_valid, active, L if self.packed else S)  # the tokens computed
+        self.sizes.observe(n_acc, n_valid, active)
         self._advance(v, q, jacobi, n_acc, u_init, active)
 
     def _record(self, v: Verdict, q: torch.Tensor, n_acc: torch.Tensor, n_valid: torch.Tensor,
-                active: torch.Tensor) -> None:
-        """Statistics of one forward, vectorised over the batch."""
-        N, K, n, slots, tally = self.N, self.K, self.n, self.slots, self.tally
+                active: torch.Tensor, width) -> None:
+        """Statistics of one forward, vectorised over the batch; width: query tokens each row fed ([B] or int)."""
+        N, n, tally = self.N, self.n, self.tally
+        slots = self.slots[:q.shape[1]]
         m = torch.where(active, torch.minimum(n_acc + 1, N - n), 0)  # [B] tokens committed this forward
-        relaxed = torch.cat([v.relaxed, torch.zeros_like(v.relaxed[:, :1])], 1)  # [B, K+1]
+        relaxed = torch.cat([v.relaxed, torch.zeros_like(v.relaxed[:, :1])], 1)  # [B, S]
         kind = torch.where(relaxed, COMMIT_RELAXED, COMMIT_ACCEPTED).to(torch.int8)
         tally.mark(n[:, None] + slots, kind, slots < n_acc[:, None])  # the accepted drafts
         last = torch.where(n_acc < n_valid, COMMIT_RESAMPLED, COMMIT_BONUS).to(torch.int8)  # [B]
-        tally.mark((n + n_acc).clamp(max=N + K), last, n_acc < m)  # the token after them, if inside the image
+        tally.mark((n + n_acc).clamp(max=N + self.K), last, n_acc < m)  # the token after them, if inside the image
         tally.ent_sum += (entropy(q) * (slots < m[:, None])).sum(1)
-        tally.forward(m, active, K + 1)  # every forward feeds the whole window: its last token and K drafts
+        tally.forward(m, active, width)
         tally.drafted += torch.where(active, torch.minimum(n_acc + 1, n_valid), 0)
         tally.accepted += n_acc
         tally.relaxed += (v.relaxed & active[:, None]).sum(1)
@@ -152,21 +172,23 @@ class _Jacobi:
     def _advance(self, v: Verdict, q: torch.Tensor, jacobi: torch.Tensor, n_acc: torch.Tensor,
                  u_init: torch.Tensor, active: torch.Tensor) -> None:
         """Commit, and set up the next window: the Jacobi samples after the commit point carried over as drafts
-        with their q as draft distribution, the rest fresh drafts."""
+        with their q as draft distribution, the rest fresh drafts up to the next window's end."""
         N, K, V, n, rows, offsets, buf = self.N, self.K, self.V, self.n, self.rows, self.offsets, self.buf
+        S = q.shape[1]
         # accepted drafts are already in buf; write the resampled / bonus token
         pos_next = (n + n_acc).clamp(max=N + K)
         buf[rows, pos_next] = torch.where(active, v.next_token, buf[rows, pos_next])
         new_n = torch.where(active, (n + n_acc + 1).clamp(max=N), n)
         shift = n_acc + 1  # window slot j of the next window is slot j + shift of this q / jacobi
-        src = (offsets[None, :] + shift[:, None]).clamp(max=K)  # [B, K]
-        carry_ok = (offsets[None, :] + shift[:, None]) <= K  # [B, K]: the leading `carried` slots
+        src = (offsets[None, :] + shift[:, None]).clamp(max=S - 1)  # [B, K]
+        carry_ok = (offsets[None, :] + shift[:, None]) < self.L[:, None]  # [B, K]: slots this forward fed
         carried = carry_ok.sum(1)  # [B]
         widx = new_n[:, None] + offsets  # [B, K] indices of the next drafts
         new_tok = torch.where(carry_ok, jacobi.gather(1, src), 0)
         buf[rows[:, None], widx] = torch.where(active[:, None], new_tok, buf[rows[:, None], widx])
         q_src = q.gather(1, src.unsqueeze(-1).expand(len(rows), K, V))  # [B, K, V]
-        # finished samples draft nothing (first = K)
-        fresh_p = self.drafter.draft(buf, new_n, torch.where(active, carried, K), torch.full_like(n, K), u_init)
+        self.L = self.sizes.lengths(new_n, N)
+        # drafts up to the next window's end; finished samples draft nothing (first = K)
+        fresh_p = self.drafter.draft(buf, new_n, torch.where(active, carried, K), (self.L - 1).clamp(min=0), u_init)
         self.p = torch.where(active[:, None, None], torch.where(carry_ok[..., None], q_src, fresh_p), self.p)
         self.n = new_n

@@ -171,7 +171,8 @@ class HFImageAdapter:
         return self._split(self._head(h[:, -1:]), pre[:, -1:])
 
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor, index: torch.Tensor) -> StepOutput:
+    def step(self, tokens: torch.Tensor, index: torch.Tensor, lengths: torch.Tensor | None = None) -> StepOutput:
+        """lengths: accepted and ignored, the padding is computed (the protocol allows it)."""
         dev = self.device
         tokens, index = tokens.to(dev), index.to(dev)
         if self._cfg:

@@ -103,6 +103,27 @@ class KVCache(nn.Module):
         return self.k, self.v
 
 
+class Ragged:
+    """A packed ragged batch: the first lengths[b] of row b's S slots, flattened to [T, ...] (T = sum of lengths),
+    so the projections, the MLP and the head run on real tokens only. Attention runs per sample over its own
+    cache row, padded to S queries: the block-diagonal causal mask of a packed batch, without materialising
+    its off-diagonal blocks (each sample's keys are its own cache row)."""
+
+    def __init__(self, lengths: torch.Tensor, S: int):
+        self.B, self.S = len(lengths), S
+        slot = torch.arange(S, device=lengths.device)
+        self.sel = (slot[None, :] < lengths[:, None]).flatten().nonzero().squeeze(1)  # [T] flat indices into B*S
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, S, ...] -> [T, ...]."""
+        return x.flatten(0, 1).index_select(0, self.sel)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, ...] -> [B, S, ...], zeros at the padding."""
+        out = x.new_zeros(self.B * self.S, *x.shape[1:])
+        return out.index_copy_(0, self.sel, x).view(self.B, self.S, *x.shape[1:])
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -111,9 +132,13 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x, cos, sin, input_pos=None, mask=None):
-        B, S, _ = x.shape
-        q, k, v = self.wqkv(x).view(B, S, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3x [B,H,S,hd]
+    def forward(self, x, cos, sin, input_pos=None, mask=None, ragged: Ragged | None = None):
+        """x [B, S, dim], or [T, dim] packed by `ragged`; the output has x's layout."""
+        qkv = self.wqkv(x)
+        if ragged is not None:  # padding's q, k, v are zeros: its keys land on slots that no real query reads
+            qkv = ragged.unpack(qkv)
+        B, S, _ = qkv.shape
+        q, k, v = qkv.view(B, S, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3x [B,H,S,hd]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.kv_cache is None:  # training / full recompute: plain causal attention
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -121,7 +146,8 @@ class Attention(nn.Module):
             k, v = self.kv_cache.update(input_pos, k, v)
             T = mask.shape[-1]  # attend only up to the furthest position in use, not the whole cache
             y = F.scaled_dot_product_attention(q, k[:, :, :T], v[:, :, :T], attn_mask=mask)
-        return self.wo(y.transpose(1, 2).reshape(B, S, -1))
+        y = y.transpose(1, 2).reshape(B, S, -1)
+        return self.wo(y if ragged is None else ragged.pack(y))
 
 
 class Block(nn.Module):
@@ -132,8 +158,8 @@ class Block(nn.Module):
         self.w13 = nn.Linear(cfg.dim, 2 * cfg.mlp_hidden, bias=False)  # gate and up, fused
         self.w2 = nn.Linear(cfg.mlp_hidden, cfg.dim, bias=False)
 
-    def forward(self, x, cos, sin, input_pos=None, mask=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, input_pos, mask)
+    def forward(self, x, cos, sin, input_pos=None, mask=None, ragged: Ragged | None = None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, input_pos, mask, ragged)
         gate, up = self.w13(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.w2(F.silu(gate) * up)
 
@@ -176,11 +202,13 @@ class GPT(nn.Module):
         return self.head(self.norm(h))
 
     # ------------------------------------------------------------------ forward
-    def hidden(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None) -> torch.Tensor:
-        """Last hidden state before the final norm, [B, S, dim].
+    def hidden(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None,
+               ragged: Ragged | None = None) -> torch.Tensor:
+        """Last hidden state before the final norm, [B, S, dim] ([T, dim] packed, with lengths).
 
         Without input_pos: a full causal pass from position 0 (training). With input_pos [B, S]: a cached
-        pass at those absolute positions (caches must be set up)."""
+        pass at those absolute positions (caches must be set up). ragged (cached passes only): which entries
+        are real tokens; the padding is never computed."""
         B, S = idx.shape
         if input_pos is None:
             pos = torch.arange(S, device=idx.device).expand(B, S)
@@ -191,14 +219,21 @@ class GPT(nn.Module):
             T = int(pos.max()) + 1  # slots past every query's position are masked anyway
             mask = (torch.arange(T, device=idx.device)[None, None, :] <= pos[:, :, None]).unsqueeze(1)  # [B,1,S,T]
         x = self.embed(idx, pos)
+        if ragged is not None:
+            x = ragged.pack(x)  # [T, dim]
         for blk in self.layers:
-            x = blk(x, cos, sin, input_pos, mask)
+            x = blk(x, cos, sin, input_pos, mask, ragged)
         return x
 
-    def forward(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (logits [B, S, 1024], pre-norm hidden [B, S, dim])."""
-        h = self.hidden(idx, input_pos)
-        return self.logits_from_hidden(h), h
+    def forward(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None,
+                lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (logits [B, S, 1024], pre-norm hidden [B, S, dim]); with lengths, zeros at the padding."""
+        if lengths is None:
+            h = self.hidden(idx, input_pos)
+            return self.logits_from_hidden(h), h
+        ragged = Ragged(lengths, idx.shape[1])
+        h = self.hidden(idx, input_pos, ragged)  # [T, dim]
+        return ragged.unpack(self.logits_from_hidden(h)), ragged.unpack(h)
 
     # ------------------------------------------------------------------ caches
     def setup_caches(self, batch: int, max_len: int | None = None) -> None:

@@ -66,11 +66,12 @@ class ReferenceModel:
         return self._split(logits[:, -1:], hidden[:, -1:])
 
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor, index: torch.Tensor) -> StepOutput:
+    def step(self, tokens: torch.Tensor, index: torch.Tensor, lengths: torch.Tensor | None = None) -> StepOutput:
         pos = index + self.gpt.cfg.caption_len
         if self._cfg:
             tokens, pos = tokens.repeat(2, 1), pos.repeat(2, 1)
-        logits, hidden = self.gpt(tokens, pos)
+            lengths = None if lengths is None else lengths.repeat(2)
+        logits, hidden = self.gpt(tokens, pos, lengths)
         return self._split(logits, hidden)
 
     def _split(self, logits: torch.Tensor, hidden: torch.Tensor) -> StepOutput:

@@ -97,7 +97,7 @@ def ar_samples(tiny):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("params", [{"window": 6}, {"window": 6, "init": "repeat-above"},
-                                    {"window": 6, "coupled": True}])
+                                    {"window": 6, "coupled": True}, {"window": 6, "coupled": True, "adaptive": True}])
 def test_sjd_samples_the_ar_distribution(tiny, ar_samples, params):
     spec = _sample(tiny, "sjd", params, offset=1_000_000)
     assert _same_distribution(ar_samples, spec) > 0.001 / len(POSITIONS)

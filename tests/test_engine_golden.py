@@ -42,6 +42,9 @@ OLD_SSD_CSD = {"lam": 2.0, "delta": 0.9, "commit": "block", "adaptive": True, "m
 # ssd's default commit changed after recording, from the block decoder to the prefix engine: a recorded run that
 # names no commit (nor lossless) decodes with the old default, commit=block, under its recorded key
 OLD_SSD = {"commit": "block"}
+# settings the window loop's statistics record since the recording, at the values every recorded run decoded
+# with: fixed windows; the packed model step computes the same real tokens as the padded one did
+NEW_EXTRAS = {"window_sizes": "fixed", "packed": True}
 RUNS = [("ar", {}), ("sjd", {"window": 6}), ("sjd", {"window": 6, "coupled": True, "init": "repeat-above"}),
         ("sjd", {"window": 4, "init": "repeat-left"}), ("csd", OLD_CSD | {"window": 6}),
         ("csd", {"window": 6, "entropy_norm": "vocab", "lam": 1.0, "delta": 0.5, "coupled": False}),
@@ -66,7 +69,7 @@ def _summary(res, ssd: bool) -> dict:
     exact, floats = [], []
     for s in res.stats:
         blocks = {"block_sizes": s.block_sizes or [], "rounds_per_block": s.rounds_per_block or []} if ssd else {}
-        extra = sorted((s.extra | blocks).items())
+        extra = sorted((k, v) for k, v in (s.extra | blocks).items() if NEW_EXTRAS.get(k, ()) != v)
         exact.append([s.forwards, s.tokens_per_forward_hist, s.commit_map.tolist(), s.relaxed,
                       [(k, v) for k, v in extra if not isinstance(v, float)]])
         rate = None if math.isnan(s.acceptance_rate) else s.acceptance_rate  # JSON has no NaN

@@ -21,7 +21,8 @@ def tiny(tmp_path_factory):
 @pytest.mark.parametrize("params", [
     {}, {"rows": 1}, {"lossless": True, "rows": 1, "rounds": 0}, {"lossless": True, "rows": 2, "rounds": 2},
     {"lossless": True, "rows": 3, "rounds": 1, "two_d": False}, {"lossless": True, "window": 2},
-    {"lossless": True, "window": 5},
+    {"lossless": True, "window": 5}, {"lossless": True, "window": 5, "packed": False},
+    {"lossless": True, "window": 8, "adaptive": True},
 ])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_lossless_ssd_greedy_equals_ar(tiny, params, batch):
@@ -47,6 +48,28 @@ def test_lossless_ssd_in_a_short_window_samples_the_ar_distribution(tiny):
     assert _same_distribution(ar, ssd) > 0.001 / len(POSITIONS)
 
 
+@pytest.mark.slow
+def test_lossless_ssd_in_adaptive_windows_samples_the_ar_distribution(tiny):
+    from test_decoders import _sample as sample_
+    ar = sample_(tiny, "ar", {}, offset=0)
+    ssd = sample_(tiny, "ssd", {"lossless": True, "window": 6, "adaptive": True}, offset=4_000_000)
+    assert _same_distribution(ar, ssd) > 0.001 / len(POSITIONS)
+
+
+@pytest.mark.parametrize("name, params", [("ssd", {"lossless": True, "window": 8, "adaptive": True}),
+                                          ("ssd+csd", {"window": 5, "calibrated": False}),
+                                          ("sjd", {"window": 6, "coupled": True, "adaptive": True})])
+def test_the_packed_step_decodes_as_the_padded_one(tiny, name, params):
+    """The packed step computes each sample's own window only; what it computes is what the padded step
+    computed for those entries, so the samples are the same."""
+    prompts, seeds = PROMPTS * 2, list(range(40, 48))
+    packed = decode(name, tiny, prompts, seeds, SAMPLED, params)
+    padded = decode(name, tiny, prompts, seeds, SAMPLED, params | {"packed": False})
+    assert torch.equal(packed.tokens, padded.tokens)
+    assert [s.forwards for s in packed.stats] == [s.forwards for s in padded.stats]
+    assert sum(s.tokens_fed for s in packed.stats) < sum(s.tokens_fed for s in padded.stats)
+
+
 def test_a_window_is_the_window_loops_and_in_range():
     assert decoder_config("ssd+csd", {"window": 5}).window == 5
     for bad, match in (({"window": 1}, "window must be an integer in"), ({"window": 65}, "window must be"),
@@ -67,7 +90,8 @@ def test_the_same_test_catches_a_broken_rule_in_lossless_ssd(tiny, monkeypatch):
 
 
 @pytest.mark.parametrize("params", [{"rows": 2, "rounds": 1, "commit": "block"}, {"rows": 2, "lossless": True},
-                                    {"rows": 2}, {"window": 4}])
+                                    {"rows": 2}, {"window": 4}, {"window": 8, "adaptive": True},
+                                    {"window": 6, "lossless": True, "adaptive": True}])
 def test_ssd_batch_gives_each_sample_its_batch_one_tokens(tiny, params):
     prompts, seeds = PROMPTS * 2, list(range(20, 28))
     batched = decode("ssd", tiny, prompts, seeds, SAMPLED, params)
@@ -117,7 +141,7 @@ def test_heads_for_another_model_or_shape_are_refused(tiny, tmp_path):
 
 @pytest.mark.parametrize("params, name", [({"rows": 0}, "rows"), ({"rounds": -1}, "rounds"),
                                           ({"lossless": True, "lam": 0.5, "delta": 0.5}, "lossless"),
-                                          ({"lossless": True, "adaptive": True}, "adaptive")])
+                                          ({"lossless": True, "token_budget": 8}, "token_budget")])
 def test_bad_ssd_parameters_are_named(params, name):
     with pytest.raises(ValueError, match=name):
         decoder_config("ssd+csd" if "lam" in params else "ssd", params)

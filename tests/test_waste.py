@@ -31,9 +31,9 @@ class _Fed:
     def __enter__(self):
         step = self.model.step
 
-        def counted(tokens, index):
-            self.total += tokens.numel() * self.rows
-            return step(tokens, index)
+        def counted(tokens, index, lengths=None):  # lengths: a packed step computes these entries only
+            self.total += (tokens.numel() if lengths is None else int(lengths.sum())) * self.rows
+            return step(tokens, index, lengths)
 
         self.model.step = counted
         self.total = self.rows  # the prefill draws token 0 from one position per row
@@ -53,8 +53,8 @@ def test_ar_wastes_exactly_one_token_per_row(tiny, sc, want):
 
 
 @pytest.mark.parametrize("L", [4, 6])
-def test_a_window_feeds_its_whole_window_every_forward(tiny, L):
-    res = decode("sjd", tiny, PROMPTS * 2, list(range(8)), CFG, {"window": L})
+def test_a_padded_window_feeds_its_whole_window_every_forward(tiny, L):
+    res = decode("sjd", tiny, PROMPTS * 2, list(range(8)), CFG, {"window": L, "packed": False})
     N = tiny.grid[0] * tiny.grid[1]
     forwards = [s.forwards for s in res.stats]
     assert len(set(forwards)) > 1  # samples finish at different forwards: the count is per sample
@@ -67,6 +67,8 @@ def test_a_window_feeds_its_whole_window_every_forward(tiny, L):
 
 @pytest.mark.parametrize("name, params, sc", [
     ("ar", {}, CFG), ("ar", {}, NO_CFG), ("sjd", {"window": 5}, CFG), ("sjd", {"window": 5}, NO_CFG),
+    ("sjd", {"window": 5, "packed": False}, CFG), ("sjd", {"window": 8, "adaptive": True}, CFG),
+    ("ssd", {"lossless": True, "window": 8, "adaptive": True}, CFG),
     ("ssd", {"lossless": True, "rows": 1}, CFG), ("ssd", {"rows": 2, "rounds": 1, "commit": "block"}, CFG),
 ])
 def test_tokens_fed_is_what_the_model_was_given(tiny, name, params, sc):
@@ -74,6 +76,23 @@ def test_tokens_fed_is_what_the_model_was_given(tiny, name, params, sc):
         with _Fed(tiny, sc.uses_cfg) as fed:
             res = decode(name, tiny, PROMPTS[:1], [seed], sc, params)
         assert res.stats[0].tokens_fed == fed.total
+
+
+def test_a_packed_window_stops_at_the_image_end_and_costs_less_than_a_padded_one(tiny):
+    packed = decode("sjd", tiny, PROMPTS * 2, list(range(8)), CFG, {"window": 6})
+    padded = decode("sjd", tiny, PROMPTS * 2, list(range(8)), CFG, {"window": 6, "packed": False})
+    assert packed.tokens.equal(padded.tokens)  # the same real tokens computed: the same decode
+    for a, b in zip(packed.stats, padded.stats):
+        assert a.forwards == b.forwards and a.tokens_fed <= b.tokens_fed
+    # a last window that would run past the image is cut there
+    assert sum(s.tokens_fed for s in packed.stats) < sum(s.tokens_fed for s in padded.stats)
+
+
+def test_adaptive_windows_feed_less_than_the_full_window(tiny):
+    full = decode("sjd", tiny, PROMPTS * 2, list(range(8)), CFG, {"window": 8, "coupled": True})
+    adaptive = decode("sjd", tiny, PROMPTS * 2, list(range(8)), CFG, {"window": 8, "coupled": True, "adaptive": True})
+    assert sum(s.tokens_fed for s in adaptive.stats) < sum(s.tokens_fed for s in full.stats)
+    assert all(s.extra["window_sizes"] == "adaptive" for s in adaptive.stats)
 
 
 def test_waste_is_a_stats_column(tiny):

@@ -41,9 +41,9 @@ WINDOWS = (3, 4, 5, 6, 8)  # window sizes (tokens per forward) a calibrated spec
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # batch sizes the throughput objective chooses among
 PROFILE_BATCHES = (1, 64)  # the profile's batch sizes (others interpolated, beyond extrapolated)
 INTERPOLATED = (3, 4, 6)  # window sizes read off the profile between their neighbours, not timed
-WIDE, WIDE_UP_TO = 17, 16  # windows wider than WIDE are timed at batches up to WIDE_UP_TO only; at larger
-# ones they are extrapolated along the curve's last slope (the device is busy there: time grows linearly)
 PILOT_SPLIT = 8  # windows up to this size are read off a pilot of this size (`pilot`)
+WIDE, WIDE_UP_TO = PILOT_SPLIT, 16  # windows wider than WIDE are timed at batches up to WIDE_UP_TO only; at larger
+# ones they are extrapolated along the curve's last slope (the device is busy there: time grows linearly)
 HOST = 1.1  # a speculative forward's decoder work on top of the model's step, where the pilot did not measure it
 # What the profile and pilot do not see of a speculative batch, measured against full decodes (docs/benchmarks.md,
 # 2026-12-02, two CPU cores): a batch runs until its slowest sample is done (the mean tokens per forward of the

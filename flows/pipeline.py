@@ -48,7 +48,7 @@ from .audit import summarize as audit_summary, warning as audit_warning
 from .cost import Price, cost_table, run_summary
 from . import cluster
 from .dispatch import Dispatcher
-from .settings import RunSettings
+from .settings import DEFAULT_BATCH, RunSettings
 from .groups import RunContext, run_groups
 from .inputs import InputError, InputFile
 from .interrupts import Interrupted, StopSignals
@@ -79,31 +79,40 @@ def _cluster_slots(cfg: RunSettings):
 
 
 def _decode_plan(cfg: RunSettings, files: list[InputFile], plan: ShardPlan, out: Output, actors: list,
-                 log, stop: StopSignals) -> str:
-    """The spec text every batch carries to its actor, so all actors, restarted ones and retries decode alike:
-    the run's spec, or for a calibrated one the concrete spec it resolves to, decided once per run: the recorded
-    one on a resume; another run's plan with `--plan`; else planned for the objective by one actor on the first
-    shard's first prompts (decoders/planner.py). A new plan is recorded (`_plan.json`: the text and its
-    measurements) before any shard decodes."""
+                 log, stop: StopSignals) -> tuple[str, int]:
+    """(the spec text every batch carries to its actor, the batch size), so all actors, restarted ones and
+    retries decode alike: the run's spec, or for a calibrated one the concrete spec it resolves to, decided once
+    per run: the recorded one on a resume; another run's plan with `--plan`; else planned for the objective by
+    one actor on the first shard's first prompts (decoders/planner.py), which also chooses the batch size unless
+    the user set one. A new plan is recorded (`_plan.json`: the text and its measurements) before any shard
+    decodes."""
     if not cfg.decoder.calibrated:
-        return str(cfg.decoder)
+        return str(cfg.decoder), cfg.fixed_batch
     if (recorded := out.read_plan()) is not None:
         spec = _recorded_spec(out, recorded)  # a damaged record fails here, before any shard decodes
         log.info(f"decode plan: {spec} (recorded)")
-        return str(spec)
+        return str(spec), _plan_batch(cfg, recorded)
     if cfg.plan is not None:
         decided = read_plan_at(cfg.plan)
         spec = _recorded_spec(out, decided, f"--plan {cfg.plan}")
         out.write_plan(decided)
         log.info(f"decode plan: {spec} (replayed from {cfg.plan})")
-        return str(spec)
-    rows = [asdict(r) for r in read_shard(files, plan[0], cfg.seed)][:max(cfg.batch_size, CALIBRATION_PROMPTS)]
-    decided = _get(actors[0].calibrate.remote(rows, cfg.batch_size, cfg.objective), stop)
+        return str(spec), _plan_batch(cfg, decided)
+    pilot = max(cfg.batch_size or 0, CALIBRATION_PROMPTS)
+    rows = [asdict(r) for r in read_shard(files, plan[0], cfg.seed)][:pilot]
+    decided = _get(actors[0].calibrate.remote(rows, cfg.batch_size, cfg.objective, cfg.shard_size, cfg.actors),
+                   stop)
     out.write_plan(decided)
     m = decided["measurements"]
     log.info(f"decode plan ({m['objective']}): {m['why']}; {decided['spec']}, planned in {m['seconds']:.1f} s"
              + (" (device profile from the cache)" if m.get("cached") else ""))
-    return decided["spec"]
+    return decided["spec"], _plan_batch(cfg, decided)
+
+
+def _plan_batch(cfg: RunSettings, decided: dict) -> int:
+    """The batch size a plan decodes with: the user's, else the plan's (a plan recorded before plans chose the
+    batch records none: the default)."""
+    return cfg.batch_size or int((decided.get("measurements") or {}).get("batch") or DEFAULT_BATCH)
 
 
 def _recorded_spec(out: Output, recorded: dict, where: str | None = None) -> DecodeSpec:
@@ -175,7 +184,8 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
         actors = []
         try:
             actors = _actors(cfg, stop)
-            decode_plan = _decode_plan(cfg, files, plan, out, actors, log, stop)
+            decode_plan, batch = _decode_plan(cfg, files, plan, out, actors, log, stop)
+            cfg = cfg.model_copy(update={"batch_size": batch})  # what the dispatcher splits shards by
             startup_s = time.perf_counter() - t0
             log.info(f"{len(actors)} actor(s) ready {startup_s:.1f} s after the flow started")
             bar = tqdm(total=rows, unit="img", desc="generate", disable=not progress, smoothing=0.1)
@@ -192,6 +202,7 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
             cluster.stop(actors, started_ray)
     failed = {i: msg for (first, last), msg in failed_groups.items() for i in range(first, last + 1) if not done[i]}
     return {"failed": failed, "startup_s": startup_s, "images": disp.images, "commits": disp.commits,
+            "batch_size": cfg.batch_size,
             "commit_latency_s": {"mean": disp.write_total / disp.write_n if disp.write_n else None,
                                  "max": disp.write_max if disp.write_n else None},
             "interrupted": stop.interrupted}
@@ -290,7 +301,7 @@ def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict
                 "shards_run_now": ran["commits"], "shards_failed": {str(k): v for k, v in failed.items()},
                 "shards_redecoded": [d.shard for d in prep.damaged],
                 "attempts_removed": removed, "decoder": str(cfg.decoder), "model": cfg.model,
-                "batch_size": cfg.batch_size, "image_format": cfg.image_format, "format": cfg.format,
+                "batch_size": ran.get("batch_size", cfg.batch_size), "image_format": cfg.image_format, "format": cfg.format,
                 "actors": cfg.actors, "device_type": cfg.device_type,
                 "commit_latency_s": ran["commit_latency_s"], "audit": _audit(cfg, out, fold.audit, prep.price),
                 "decode_plan": plan_summary(out.read_plan()), "interrupted": ran.get("interrupted") is not None,

@@ -21,6 +21,9 @@ from .inputs import InputFile
 from .webdataset_shards import check_format
 
 
+DEFAULT_BATCH = 16  # prompts per decoder call of a concrete decoder when the user sets none
+
+
 class RunSettings(WorkerSettings):
     """Every setting of a run, parsed once at the edge and passed whole: the worker's part and the run's own."""
 
@@ -29,7 +32,9 @@ class RunSettings(WorkerSettings):
                                   "run's date")
     seed: int = _option(0, "run seed; a row's own `seed` column wins")
     shard_size: int = _option(256, "rows per shard")
-    batch_size: int = _option(16, "prompts per decoder call")
+    batch_size: int | None = _option(None, "prompts per decoder call (default: a calibrated decoder's plan "
+                                           "chooses it for --objective, up to what memory holds; 16 for a "
+                                           "concrete decoder)")
     objective: str = _option("throughput", "what a calibrated decoder is planned for: throughput (the most "
                                            "images/s) or latency (the fastest image)")
     plan: str | None = _option(None, "replay another run's decode plan: its output URL, or a _plan.json file "
@@ -54,7 +59,7 @@ class RunSettings(WorkerSettings):
         if not self.prompts:
             raise ValueError("--prompts: give at least one Parquet file or prefix")
         for name in ("shard_size", "batch_size", "actors"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.cpus_per_actor <= 0 or self.gpus_per_actor < 0:
             raise ValueError("--cpus-per-actor must be > 0 and --gpus-per-actor >= 0")
@@ -76,6 +81,14 @@ class RunSettings(WorkerSettings):
             raise ValueError(f"--device-type {self.device_type} is a CPU type, but actors get GPUs; "
                              "name the GPU type (e.g. --device-type l4)")
         return price
+
+    @property
+    def fixed_batch(self) -> int | None:
+        """The batch size the run decodes with when no plan chooses it: the user's, or a concrete decoder's
+        DEFAULT_BATCH; None: a calibrated decoder's plan chooses (flows/pipeline.py `_decode_plan`)."""
+        if self.batch_size is not None or self.decoder.calibrated:
+            return self.batch_size
+        return DEFAULT_BATCH
 
     @property
     def devices_per_actor(self) -> float:

@@ -9,6 +9,7 @@ import torch
 from ssdgen.decoders.protocol import StepOutput
 
 from ssdgen.reference import captions as cap
+from ssdgen.reference.gpt import SPARE_POSITIONS
 from ssdgen.reference.weights import load_bundle
 
 
@@ -73,6 +74,12 @@ class ReferenceModel:
             lengths = None if lengths is None else lengths.repeat(2)
         logits, hidden = self.gpt(tokens, pos, lengths)
         return self._split(logits, hidden)
+
+    def cache_bytes_per_sample(self, use_cfg: bool) -> int:
+        """What one sample's KV cache takes (gpt.setup_caches' allocation; CFG doubles its rows)."""
+        g = self.gpt.cfg
+        per_row = g.n_layers * 2 * (g.seq_len + SPARE_POSITIONS) * g.dim * self.dtype.itemsize  # keys and values
+        return per_row * (2 if use_cfg else 1)
 
     def _split(self, logits: torch.Tensor, hidden: torch.Tensor) -> StepOutput:
         B = self._batch

@@ -33,7 +33,7 @@ def run(*args, timeout=300):
     (["sample", "--prompt", GOOD, "--decoder", "sjd:lam=1"], "has no parameter(s) ['lam']"),
     (["generate", "--prompts", "x.parquet", "--decoder", "ssd+csd:commit=block:token_budget=64"],
      "calibrated and token_budget"),
-    (["generate", "--prompts", "x.parquet", "--decoder", "ssd+csd:token_budget=64"], "token_budget are not supported"),
+    (["generate", "--prompts", "x.parquet", "--decoder", "ssd+csd:token_budget=64"], "token_budget is not supported"),
     (["bench", "--decoders", "ar:cfg=2,csd"], "must share their sampling"),
     (["sample", "--prompt", GOOD, "--model", "reference:/nonexistent"], "not a model bundle"),
     (["eval", "--n", "0"], "--n must be in 1..1024"),

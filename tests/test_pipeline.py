@@ -223,6 +223,25 @@ def test_a_calibrated_decoder_decides_once_and_a_rerun_replays_the_plan(tmp_path
     assert len(Output(str(out)).committed()) == 2
 
 
+def test_a_calibrated_run_without_a_batch_size_decodes_at_the_batch_its_plan_chose(tmp_path):
+    """No --batch-size: the plan chooses the batch with the decoder, among the sizes a shard holds (4 rows here:
+    1, 2 or 4); the run decodes at it, says so in its summary, and a resume takes it from `_plan.json`. A
+    concrete decoder without a batch size decodes at the default, 16."""
+    src, out = tmp_path / "p.parquet", tmp_path / "run"
+    _write(None, src, _prompts(8))
+    kw = dict(prompts=[str(src)], out=str(out), decoder="ssd+csd", shard_size=4, batch_size=None, actors=1)
+    s = _run(**kw)
+    m = json.loads((out / "_plan.json").read_text())["measurements"]
+    assert {k.split("@")[1] for k in m["estimates"]} == {"1", "2", "4"} and m["batch"] in (1, 2, 4)
+    assert s["batch_size"] == m["batch"] and s["decode_plan"]["batch"] == m["batch"]
+    assert json.loads((out / "_config.json").read_text())["batch_size"] is None  # the user's setting: none
+    assert _run(**kw)["nothing_to_do"]
+    from ssdgen.flows.settings import RunSettings
+    assert RunSettings(prompts=[str(src)], decoder="ar").fixed_batch == 16
+    assert RunSettings(prompts=[str(src)]).fixed_batch is None  # ssd+csd, calibrated: its plan chooses
+    assert RunSettings(prompts=[str(src)], batch_size=8).fixed_batch == 8
+
+
 def test_a_plan_replayed_into_another_folder_gives_the_same_tokens(tmp_path):
     """`--plan RUN`: a second run of the same prompts and seeds into another folder decodes by the first run's
     plan (recorded as its own), not a new one, so its tokens are the first run's; a plan file works the same, and

@@ -92,3 +92,33 @@ def test_the_worker_records_the_resolved_text_and_decodes_by_the_text_it_is_sent
     assert unresolved.status == "error" and "resolve it first" in unresolved.error
     (ar,) = w.decode(rows[:1], str(DecodeSpec("ar", (), CALIBRATED.sampling))).samples.values()
     assert ar.stats["ar_fallback"] and ar.stats["forwards"] == 16
+
+
+def test_the_batch_sizes_a_plan_may_choose_stop_at_the_shard_and_at_what_memory_holds(monkeypatch):
+    """batch_choices: planner.BATCHES up to `most` (a shard's rows), and up to what MEMORY_SHARE of the free
+    memory holds of the model's cache per sample, split among the actors sharing the machine."""
+    from ssdgen.workers import decode_worker as dw
+
+    class Model:
+        device = "cpu"
+
+        def __init__(self, per_sample):
+            self.per_sample = per_sample
+
+        def cache_bytes_per_sample(self, use_cfg):
+            return self.per_sample * (2 if use_cfg else 1)
+
+    monkeypatch.setattr(dw, "free_memory", lambda model: 1000 * 2**20)  # 1000 MiB free
+    assert dw.batch_choices(Model(2**20), False, 256) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert dw.batch_choices(Model(2**20), False, 100) == [1, 2, 4, 8, 16, 32, 64]  # a shard of 100 rows
+    assert dw.batch_choices(Model(2**20), True, 256) == [1, 2, 4, 8, 16, 32, 64, 128]  # 500 / 2 MiB: 250
+    assert dw.batch_choices(Model(2**20), True, 256, sharing=4) == [1, 2, 4, 8, 16, 32]  # 62 each
+    assert dw.batch_choices(Model(2**40), True, 256) == [1]  # nothing fits: one at a time
+    assert dw.batch_choices(object(), True, 16) == [1, 2, 4, 8, 16]  # a model that does not say: the shard only
+
+
+def test_the_reference_models_cache_bytes_are_what_it_allocates(tmp_path):
+    tiny = tiny_with_heads(tmp_path / "t")
+    tiny.start(PROMPTS[:3], True)
+    allocated = sum(b.attn.kv_cache.k.nbytes + b.attn.kv_cache.v.nbytes for b in tiny.gpt.layers)
+    assert tiny.cache_bytes_per_sample(True) * 3 == allocated

@@ -26,6 +26,30 @@ from .settings import WorkerSettings
 
 
 IMAGE_FORMATS = ("png", "webp", "jpeg")
+MEMORY_SHARE = 0.5  # of the memory free when an actor plans, what its batch's caches may take (the rest: the
+# activations, the images, the other processes)
+
+
+def batch_choices(model, use_cfg: bool, most: int, sharing: int = 1) -> list[int]:
+    """The batch sizes a plan may choose among (planner.BATCHES): at most `most`, and those whose caches fit in
+    MEMORY_SHARE of the device's free memory split among `sharing` actors (the model's own count of its cache
+    bytes per sample, `cache_bytes_per_sample`; a model that does not say is capped by `most` only)."""
+    from ssdgen.decoders.planner import BATCHES
+    per_sample = getattr(model, "cache_bytes_per_sample", None)
+    cap = most
+    if per_sample is not None:
+        cap = min(cap, int(MEMORY_SHARE * free_memory(model) / max(1, sharing) // per_sample(use_cfg)))
+    return [b for b in BATCHES if b <= cap] or [1]
+
+
+def free_memory(model) -> int:
+    """Bytes free on the model's device now: the GPU's (torch.cuda.mem_get_info), else the machine's RAM."""
+    import torch
+    dev = torch.device(getattr(model, "device", "cpu"))
+    if dev.type == "cuda":
+        return torch.cuda.mem_get_info(dev)[0]
+    import psutil
+    return psutil.virtual_memory().available
 
 
 def check_image_format(image_format: str, quality: int) -> None:
@@ -111,12 +135,15 @@ class DecodeWorker:
         images = self.model.decode_images(res.tokens).numpy()
         return res.tokens.cpu().numpy(), images, res.stats
 
-    def calibrate(self, rows: list[dict], batch: int, objective: str = "throughput") -> dict:
-        """A calibrated spec resolved at `batch` for the objective on this actor's device, planned on the rows'
-        prompts (decoders/planner.py) -> {"spec": the concrete spec's text, "measurements": the plan}; the flow
-        records it and sends the text with every batch. The device profile comes from the cache when this device
-        measured it before (workers/plan_cache.py). Its time is a one-time cost like the model load, and is
-        charged with it (`take_load_seconds`)."""
+    def calibrate(self, rows: list[dict], batch: int | None, objective: str = "throughput", most: int = 256,
+                  sharing: int = 1) -> dict:
+        """A calibrated spec resolved for the objective on this actor's device, planned on the rows' prompts
+        (decoders/planner.py) -> {"spec": the concrete spec's text, "measurements": the plan, its batch included};
+        the flow records it and sends the text with every batch. batch: the user's batch size, or None for the
+        planner to choose one (`batch_choices`: at most `most`, a shard's rows, and what memory holds with
+        `sharing` actors on the machine). The device profile comes from the cache when this device measured it
+        before (workers/plan_cache.py). Its time is a one-time cost like the model load, and is charged with it
+        (`take_load_seconds`)."""
         from ssdgen.decoders import resolve
         from ssdgen.workers import plan_cache
         t0 = time.perf_counter()
@@ -124,9 +151,10 @@ class DecodeWorker:
         if not good:
             raise ValueError(f"no valid prompt among the first {len(rows)} rows to calibrate "
                              f"{self.decoding.label} on; put valid prompts first, or set calibrated=false")
-        key = plan_cache.key(self.model, self.decoding, batch)
+        batches = batch or batch_choices(self.model, self.decoding.sampling.uses_cfg, most, sharing)
+        key = plan_cache.key(self.model, self.decoding, batches)
         spec, plan = resolve(self.decoding, self.model, [r["prompt"] for r in good],
-                             [int(r["seed"]) for r in good], batch, self.heads, objective, plan_cache.load(key))
+                             [int(r["seed"]) for r in good], batches, self.heads, objective, plan_cache.load(key))
         if not plan.cached:
             plan_cache.save(key, plan)
         self.load_s += time.perf_counter() - t0

@@ -33,8 +33,9 @@ def hardware() -> str:
     return f"{cpu} x{os.cpu_count()}"
 
 
-def key(model, spec, batch: int) -> str:
-    """The cache key: hardware, torch version and threads, device, model weights, spec text and batch."""
+def key(model, spec, batch: int | list[int]) -> str:
+    """The cache key: hardware, torch version and threads, device, model weights, spec text and batch (or the
+    batch sizes a plan chooses among)."""
     import torch
     dev = str(getattr(model, "device", "cpu"))
     gpu = torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else ""

@@ -40,6 +40,9 @@ from .spec import DecodeSpec
 WINDOWS = (3, 4, 5, 6, 8)  # window sizes (tokens per forward) a calibrated spec may be decoded with
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # batch sizes the throughput objective chooses among
 PROFILE_BATCHES = (1, 64)  # the profile's batch sizes (others interpolated, beyond extrapolated)
+# a fixed batch larger than this is profiled at this one and scaled linearly (Profile.time with one curve): the
+# step is busy there, and the choice depends on the sizes' ratios, not on the batch (at 256 the profile took 14 s)
+PROFILE_MAX = max(PROFILE_BATCHES)
 INTERPOLATED = (3, 4, 6)  # window sizes read off the profile between their neighbours, not timed
 PILOT_SPLIT = 8  # windows up to this size are read off a pilot of this size (`pilot`)
 WIDE, WIDE_UP_TO = PILOT_SPLIT, 16  # windows wider than WIDE are timed at batches up to WIDE_UP_TO only; at larger
@@ -154,23 +157,25 @@ def tokens_per_forward_fed(spec: DecodeSpec, W: int) -> int:
 @torch.no_grad()
 def measure_profile(model, prompt: str, use_cfg: bool, batches: tuple[int, ...], tokens: tuple[int, ...],
                     reps: int = 3) -> Profile:
-    """Time one forward of each size at each batch (the median of `reps`, after one warm-up per batch)."""
+    """Time one forward of each size at each batch: the median of `reps`, taken in rounds over the sizes (this
+    machine's speed drifts by tens of percent over seconds: each size's repeats then see the same moments, so
+    their ratios, which decide, hold), after one warm-up round per batch."""
     t0, device = time.perf_counter(), torch.device(getattr(model, "device", "cpu"))
     curves = {}
     for B in batches:
         model.start([prompt] * B, use_cfg)
-        secs, sizes = [], sorted(s for s in tokens if B <= WIDE_UP_TO or s <= WIDE)
-        for i, s in enumerate(sizes):
-            tok = torch.zeros(B, s, dtype=torch.long, device=device)
-            idx = (torch.arange(s, device=device) + model.grid[0] * model.grid[1] // 2).expand(B, s)
-            times = []
-            for _ in range(reps + (i == 0)):  # the first size warms the allocator and kernels up
+        sizes = sorted(s for s in tokens if B <= WIDE_UP_TO or s <= WIDE)
+        feeds = [(torch.zeros(B, s, dtype=torch.long, device=device),
+                  (torch.arange(s, device=device) + model.grid[0] * model.grid[1] // 2).expand(B, s)) for s in sizes]
+        times: list[list[float]] = [[] for _ in sizes]
+        for _ in range(reps + 1):  # the first round warms the allocator and kernels up
+            for i, (tok, idx) in enumerate(feeds):
                 sync(device)
                 a = time.perf_counter()
                 model.step(tok, idx)
                 sync(device)
-                times.append(time.perf_counter() - a)
-            secs.append(sorted(times[-reps:])[reps // 2])
+                times[i].append(time.perf_counter() - a)
+        secs = [sorted(t[1:])[reps // 2] for t in times]
         curves[B] = CostCurve(B, tuple(sizes), tuple(secs))
     return Profile(curves, time.perf_counter() - t0)
 
@@ -285,7 +290,7 @@ def plan(spec: DecodeSpec, model, prompts: list[str], seeds: list[int], objectiv
     sizes = tuple(sorted({L for _, L in cands.values() if L not in INTERPOLATED} | {1}))
     profile = Profile.from_dict(cached["profile"]) if cached else None
     if profile is None:
-        pb = tuple(batches) if len(batches) == 1 else (  # a fixed batch: only its own forwards matter
+        pb = (min(batches[0], PROFILE_MAX),) if len(batches) == 1 else (  # a fixed batch: only its own forwards
             (1,) if objective == "latency" else tuple(sorted({min(b, max(batches)) for b in PROFILE_BATCHES})))
         profile = measure_profile(model, prompts[0], spec.sampling.uses_cfg, pb, sizes)
     accept = cached["acceptance"] if cached else (

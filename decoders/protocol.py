@@ -3,8 +3,8 @@
 Image tokens are addressed by their raster index i in [0, H*W). `start` prefills the prompts (and, with
 CFG, the unconditional branch) and returns the logits for index 0. `step(tokens, index, lengths)` feeds
 tokens at the given indices, per sample (the first lengths[b] of row b; all without lengths), and returns
-for each the logits that predict index + 1, plus the last hidden state before the final norm. Caches are position-indexed: feeding a sample from an earlier index
-is its rollback, and touches no other sample.
+for each the logits that predict index + 1, plus the last hidden state before the final norm. Caches are
+position-indexed: feeding a sample from an earlier index is its rollback, and touches no other sample.
 """
 
 from __future__ import annotations

@@ -82,7 +82,8 @@ def decode_window(model: ImageTokenModel, prompts: list[str], seeds: list[int], 
     while (jac.n < jac.N).any():
         jac.forward()
     extra = {"window": win.window, "init": drafter.name, "coupled": win.coupled, "lam": win.relax.lam,
-             "delta": win.relax.delta, "window_sizes": "adaptive" if win.adaptive else "fixed", "packed": win.packed} | ssd_extra
+             "delta": win.relax.delta, "window_sizes": "adaptive" if win.adaptive else "fixed",
+             "packed": win.packed} | ssd_extra
     stats = jac.tally.stats(model.grid, (time.perf_counter() - t0) / len(prompts), extra)
     return DecodeResult(jac.buf[:, :jac.N].clone(), stats)
 

@@ -100,6 +100,8 @@ def _decode_plan(cfg: RunSettings, files: list[InputFile], plan: ShardPlan, out:
         return str(spec), _plan_batch(cfg, decided)
     pilot = max(cfg.batch_size or 0, CALIBRATION_PROMPTS)
     rows = [asdict(r) for r in read_shard(files, plan[0], cfg.seed)][:pilot]
+    # a batch holds at most a shard's rows; the memory is shared by all the run's actors (on one machine in a
+    # local run, a safe bound on a cluster)
     decided = _get(actors[0].calibrate.remote(rows, cfg.batch_size, cfg.objective, cfg.shard_size, cfg.actors),
                    stop)
     out.write_plan(decided)

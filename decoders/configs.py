@@ -91,6 +91,25 @@ class Relaxation:
         return self.lam > 0 and self.delta > 0
 
 
+MAX_ENTRIES = 192  # what one forward may feed a sample, branches included (the model's spare cache slots)
+
+
+def check_branches(branches: int, branch_len: int, window: int | None) -> None:
+    """Proactive drafting's settings (branches.py): their ranges, and that a window's entries fit the cache
+    (window None: not known yet; SSD's depends on the grid, and its window-loop settings check it)."""
+    if not 1 <= branches <= 8:
+        raise ValueError(f"branches must be an integer in [1, 8] (1 = off), got {branches}")
+    if not 0 <= branch_len <= 63:
+        raise ValueError(f"branch_len must be an integer in [0, 63] (0 = the window's drafts), got {branch_len}")
+    if window is None:
+        return
+    entries = window + (branches - 1) * min(branch_len or window - 1, window - 1)
+    if entries > MAX_ENTRIES:
+        raise ValueError(f"window {window} with {branches} branches of {branch_len or window - 1} tokens feeds "
+                         f"{entries} entries per forward, more than {MAX_ENTRIES}: use fewer branches or a shorter "
+                         "branch_len")
+
+
 @dataclass(frozen=True)
 class SJDConfig:
     window: int = 16  # L: tokens per forward (the last committed token + L - 1 drafts)
@@ -99,11 +118,15 @@ class SJDConfig:
     coupled: bool = False  # Jacobi updates by Gumbel-max with fixed per-position noise (see module doc)
     adaptive: bool = False  # each sample's window follows its own acceptance, up to `window` (window_sizes.py)
     packed: bool = True  # the model feeds each sample its own window only (False: every row the whole window)
+    branches: int = 1  # candidates for the window's first draft, verified by tree attention (branches.py); 1 = off
+    branch_len: int = 0  # tokens per side branch (0: as many as the window's drafts)
+    continuation: bool = False  # drafts past the commit point: kept or resampled by the exact rule (window.py)
 
     def __post_init__(self):
         check_types(self)
         if not isinstance(self.window, int) or not 2 <= self.window <= 64:
             raise ValueError(f"window must be an integer in [2, 64], got {self.window}")
+        check_branches(self.branches, self.branch_len, self.window)
 
 
 @dataclass(frozen=True)
@@ -121,6 +144,9 @@ class SSDConfig:
     # sample's window follows its own acceptance, up to the window (window_sizes.py)
     adaptive: bool = False
     packed: bool = True  # the window loop: the model feeds each sample its own window only (False: padded)
+    branches: int = 1  # the window loop: candidates for the first draft, by tree attention (branches.py); 1 = off
+    branch_len: int = 0  # the window loop: tokens per side branch (0: the window's drafts)
+    continuation: bool = False  # the window loop: drafts past the commit point kept or resampled (window.py)
     max_rows: int = 4
     token_budget: int = 0  # commit=block: drafted tokens per forward the batch may use (0 = unlimited)
     calibrated: bool = False  # cap rows from the device's measured cost curve (decoders/cost_curve.py)
@@ -143,6 +169,11 @@ class SSDConfig:
         if self.lossless and self.relax.active:
             raise ValueError("lossless SSD cannot use CSD's relaxation (lam > 0; ssd+csd relaxes by default): "
                              "ssd:lossless=true is the lossless spatial decoder")
+        if self.branches > 1 and not self.prefix_engine:
+            raise ValueError("branches belong to the window loop (commit=prefix); the block decoder (commit=block) "
+                             "has none: set branches=1")
+        if self.prefix_engine:
+            check_branches(self.branches, self.branch_len, self.window or None)
         if self.prefix_engine and self.token_budget:
             raise ValueError("the prefix engine (commit=prefix, the default, or lossless) sizes each sample's "
                              "window itself: token_budget is not supported (it belongs to the lossy block decoder, "

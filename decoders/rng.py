@@ -51,6 +51,7 @@ class Purpose(IntEnum):
     SJD_STEP = 3  # one SJD forward (accept, resample, Jacobi, fresh drafts), counter: the sample's forward number
     NOISE = 4  # coupled drafts' Gumbel noise, counter: the image index, one number per code
     SSD_BLOCK = 5  # one SSD block (draft, accept / resample per round, bonus), counter: block * 2^16 + offset
+    BRANCH = 6  # proactive drafting's candidate tests (branches.py), counter: the sample's forward number
 
 
 def _shr(x: torch.Tensor, s: int) -> torch.Tensor:

@@ -99,7 +99,7 @@ def verify(draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, n_valid: torch
     prefix = (ok & valid).long().cumprod(1).bool()  # [B, K] accepted prefix
     n_acc = prefix.sum(1)  # [B]
     # the next token: residual at the first rejection, or the bonus from q at n_acc (p counts as 0 there)
-    p_pad = torch.cat([p, torch.zeros_like(p[:, :1])], dim=1)  # [B, K + 1, V]
+    p_pad = torch.cat([p, p.new_zeros(B, 1, q.shape[-1])], dim=1)  # [B, K + 1, V] (K may be 0)
     at = n_acc.view(B, 1, 1).expand(B, 1, q.shape[-1])
     q_at, p_at = q.gather(1, at).squeeze(1), p_pad.gather(1, at).squeeze(1)  # [B, V]
     rejected = n_acc < n_valid
@@ -121,3 +121,27 @@ def verify_all(draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, judge: tor
     rejected = judge & ~ok
     tokens = torch.where(rejected, sample_from(residual(q, p), u_resample), draft)
     return tokens, rejected, relaxed & judge
+
+
+def verify_candidates(r: torch.Tensor, cands: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """More candidates for one position after its draft was rejected (proactive drafting's first level; SpecInfer's
+    recursive rejection sampling with deterministic drafts): candidate k is accepted with probability r_k(c_k),
+    where r_0 = r is the residual left by the rejected draft and r_{k+1} is r_k with c_k's mass removed and
+    renormalised. Each test is the lossless rule for a one-hot draft against the current residual, so the token
+    this position ends with (the accepted candidate, or a draw from the last residual) is a sample from q.
+
+    r [B, V] residual; cands [B, C] candidate tokens, fixed before this forward; u [B, C] uniforms.
+    -> (won [B]: the index of the accepted candidate, -1 if none; r_last [B, V], the residual after them all).
+    """
+    B, C = cands.shape
+    r = r.float().clone()
+    won = torch.full((B,), -1, dtype=torch.long, device=r.device)
+    for k in range(C):  # C is small (branches - 1); each step is vectorised over the batch
+        c = cands[:, k:k + 1]  # [B, 1]
+        mass = r.gather(1, c).squeeze(1)  # [B] r_k(c_k)
+        take = (won < 0) & (u[:, k] < mass)
+        won = torch.where(take, k, won)
+        left = r.scatter(1, c, 0.0)
+        total = left.sum(1, keepdim=True)
+        r = torch.where(((won < 0) & (total.squeeze(1) > 0))[:, None], left / total.clamp_min(1e-30), r)
+    return won, r

@@ -38,11 +38,12 @@ import torch
 from . import rng
 from .ar import prefill
 from .configs import SJDConfig, SSDConfig
+from .branches import Branches
 from .drafters import Drafter, HeadsDrafter, guess_drafter
 from .protocol import ImageTokenModel, check_request
 from .sampling import SamplingConfig, gumbel_sample, model_device, processed_probs, sample_from
 from .stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult, Tally
-from .verify import Verdict, entropy, verify
+from .verify import Verdict, entropy, verify, verify_all
 from .window_sizes import WindowSizes
 
 
@@ -50,7 +51,8 @@ def ssd_window(cfg: SSDConfig, W: int) -> SJDConfig:
     """An SSD config as this loop's settings: a window of `window` tokens, or of `rows` rows after the last
     committed token (at most 64 tokens), coupled, with the config's acceptance."""
     return SJDConfig(window=cfg.window or min(64, cfg.rows * W + 1), coupled=True, relax=cfg.relax,
-                     adaptive=cfg.adaptive, packed=cfg.packed)
+                     adaptive=cfg.adaptive, packed=cfg.packed, branches=cfg.branches, branch_len=cfg.branch_len,
+                     continuation=cfg.continuation)
 
 
 def _configure(model, sc: SamplingConfig, cfg, heads, batch: int) -> tuple[SJDConfig, Drafter, dict]:
@@ -75,6 +77,9 @@ def decode_window(model: ImageTokenModel, prompts: list[str], seeds: list[int], 
     dev = model_device(model)  # every buffer and key below lives on it
     streams = rng.Streams(seeds, dev)
     win, drafter, ssd_extra = _configure(model, sc, cfg, heads, len(prompts))
+    if win.branches > 1 and not getattr(model, "tree_attention", False):
+        raise ValueError(f"branches={win.branches} verifies its candidates by tree attention, which model "
+                         f"{model.name!r} does not have (the reference model does): set branches=1")
     jac = _Jacobi(model, sc, win, drafter, streams, dev)
     out, jac.buf[:, 0] = prefill(model, prompts, sc, streams, jac.tally)
     drafter.begin(out)
@@ -83,7 +88,8 @@ def decode_window(model: ImageTokenModel, prompts: list[str], seeds: list[int], 
         jac.forward()
     extra = {"window": win.window, "init": drafter.name, "coupled": win.coupled, "lam": win.relax.lam,
              "delta": win.relax.delta, "window_sizes": "adaptive" if win.adaptive else "fixed",
-             "packed": win.packed} | ssd_extra
+             "packed": win.packed} | ({"branches": win.branches, "branch_len": jac.branches.D_max}
+                                      if jac.branches else {}) | ssd_extra
     stats = jac.tally.stats(model.grid, (time.perf_counter() - t0) / len(prompts), extra)
     return DecodeResult(jac.buf[:, :jac.N].clone(), stats)
 
@@ -108,7 +114,10 @@ class _Jacobi:
         self.t = torch.zeros(B, dtype=torch.long, device=dev)  # forwards per sample: its uniforms' counter
         self.tally = Tally(B, N + K + 1, dev, hist_bins=K + 2, cfg=sc.uses_cfg)
         self.sizes = WindowSizes(B, cfg.window, cfg.adaptive, dev)
-        self.packed = cfg.packed
+        self.packed, self.continuation = cfg.packed, cfg.continuation
+        self.branches = Branches(cfg.branches, cfg.branch_len, cfg.window) if cfg.branches > 1 else None
+        if self.branches and not self.packed:
+            raise ValueError("branches need the packed step (packed=true): their entries are laid out per sample")
         self.L = torch.zeros_like(self.n)  # [B] tokens each sample feeds next (first_window, then _advance)
 
     def first_window(self) -> None:
@@ -133,23 +142,39 @@ class _Jacobi:
         active = n < N
         idx = (n - 1)[:, None] + self.slots[:S]  # [B, S] window indices, may run past N
         tokens = self.buf[rows[:, None], idx]  # [B, S]
-        out = self.model.step(tokens, idx, lengths)
+        lay = side = None
+        if self.branches is None:
+            out = self.model.step(tokens, idx, lengths)
+        else:  # the main windows and their side branches in one forward (branches.py)
+            lay = self.branches.lay_out(tokens, idx, L, self.p)
+            out, side = self.branches.step(self.model, lay, S)
         fed = self.slots[:S][None, :] < L[:, None]  # [B, S] a sample's own window; the rest is padding
         self.drafter.observe(out, idx, fed)
         q = processed_probs(out.cond, out.uncond, self.sc)  # [B, S, V]
         # keyed by (seed, the sample's forward number): accept K, resample 1, Jacobi K+1, init K (config's K)
         Kc = self.K
         u = self.streams.uniform(rng.Purpose.SJD_STEP, self.t, width=3 * Kc + 2)  # [B, 3K+2]
-        self.t = self.t + active.long()  # finished samples' numbers are never used
         u_acc, u_res, u_jac, u_init = u[:, :K], u[:, Kc], u[:, Kc + 1:Kc + 1 + S], u[:, 2 * Kc + 2:]
         n_valid = (L - 1).clamp(min=0)  # [B] drafts judged: the sample's window, which stops at the image's end
         v = verify(tokens[:, 1:], self.p[:, :K], q, n_valid, u_acc, u_res, self.relax)
+        if lay is not None:
+            u_br = self.streams.uniform(rng.Purpose.BRANCH, self.t, width=self.branches.C)  # [B, C]
+            q_side = processed_probs(side.cond, side.uncond, self.sc)  # [B, C, D_max, V]
+            v, q, won = self.branches.resolve(lay, v, q, q_side, tokens, self.p, n_valid, u_acc, u_res, u_br,
+                                              self.relax, active)
+            self.branches.commit(lay, won, torch.where(active, v.n_accepted, 0), side, self.model, self.drafter,
+                                 self.buf)
+        self.t = self.t + active.long()  # finished samples' numbers are never used
         if self.noise is not None:  # q[:, s] is the distribution of index idx[:, s] + 1
             jacobi = gumbel_sample(q, self.noise.rows((idx + 1).clamp(max=N + Kc), active))  # [B, S]
         else:
             jacobi = sample_from(q, u_jac)  # [B, S] the target's own sample at every window position
+        if self.continuation and S > 1:  # past the commit point, each draft kept or resampled (module doc)
+            kept, _, _ = verify_all(tokens[:, 1:], self.p[:, :K], q[:, :K], fed[:, 1:], u_acc, u_jac[:, :K])
+            jacobi = torch.cat([torch.where(fed[:, 1:], kept, jacobi[:, :K]), jacobi[:, K:]], 1)
         n_acc = torch.where(active, v.n_accepted, 0)  # [B]
-        self._record(v, q, n_acc, n_valid, active, L if self.packed else S)  # the tokens computed
+        width = (L if lay is None else lay.lengths) if self.packed else S
+        self._record(v, q, n_acc, n_valid, active, width)  # the tokens computed
         self.sizes.observe(n_acc, n_valid, active)
         self._advance(v, q, jacobi, n_acc, u_init, active)
 

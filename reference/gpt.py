@@ -124,6 +124,21 @@ class Ragged:
         return out.index_copy_(0, self.sel, x).view(self.B, self.S, *x.shape[1:])
 
 
+def tree_mask(pos: torch.Tensor, tree: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tree attention over a window: pos [B, S] the entries' positions, tree [B, S, S] bool (entry s sees entry
+    s'; itself included). Entry s is cached at slot pos[b, 0] + s, so entries that share a position (a tree's
+    branches) keep their own keys; it sees every slot before pos[b, 0] (the committed prefix) and the slots of
+    the entries tree[b, s] marks. -> (cache slots [B, S], attention mask [B, 1, S, T])."""
+    B, S = pos.shape
+    root = pos[:, :1]  # [B, 1]
+    slots = root + torch.arange(S, device=pos.device)  # [B, S]
+    T = int(root.max()) + S
+    rel = torch.arange(T, device=pos.device)[None, :] - root  # [B, T] slot relative to the window's first
+    inside = (rel >= 0) & (rel < S)
+    seen = tree.gather(2, rel.clamp(0, S - 1)[:, None, :].expand(B, S, T)) & inside[:, None, :]  # [B, S, T]
+    return slots, ((rel < 0)[:, None, :] | seen).unsqueeze(1)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -203,37 +218,52 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def hidden(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None,
-               ragged: Ragged | None = None) -> torch.Tensor:
+               ragged: Ragged | None = None, tree: torch.Tensor | None = None) -> torch.Tensor:
         """Last hidden state before the final norm, [B, S, dim] ([T, dim] packed, with lengths).
 
         Without input_pos: a full causal pass from position 0 (training). With input_pos [B, S]: a cached
         pass at those absolute positions (caches must be set up). ragged (cached passes only): which entries
-        are real tokens; the padding is never computed."""
+        are real tokens; the padding is never computed. tree [B, S, S] (cached passes only): tree attention
+        (`tree_mask`)."""
         B, S = idx.shape
+        cache_pos = input_pos
         if input_pos is None:
             pos = torch.arange(S, device=idx.device).expand(B, S)
             cos, sin, mask = self.rope_cos[:S], self.rope_sin[:S], None  # [S, hd/2]
         else:
             pos = input_pos
             cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)  # [B,1,S,hd/2]
-            T = int(pos.max()) + 1  # slots past every query's position are masked anyway
-            mask = (torch.arange(T, device=idx.device)[None, None, :] <= pos[:, :, None]).unsqueeze(1)  # [B,1,S,T]
+            if tree is None:
+                T = int(pos.max()) + 1  # slots past every query's position are masked anyway
+                mask = (torch.arange(T, device=idx.device)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
+            else:
+                cache_pos, mask = tree_mask(pos, tree)
         x = self.embed(idx, pos)
         if ragged is not None:
             x = ragged.pack(x)  # [T, dim]
         for blk in self.layers:
-            x = blk(x, cos, sin, input_pos, mask, ragged)
+            x = blk(x, cos, sin, cache_pos, mask, ragged)
         return x
 
     def forward(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None,
-                lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                lengths: torch.Tensor | None = None,
+                tree: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (logits [B, S, 1024], pre-norm hidden [B, S, dim]); with lengths, zeros at the padding."""
         if lengths is None:
-            h = self.hidden(idx, input_pos)
+            h = self.hidden(idx, input_pos, tree=tree)
             return self.logits_from_hidden(h), h
         ragged = Ragged(lengths, idx.shape[1])
-        h = self.hidden(idx, input_pos, ragged)  # [T, dim]
+        h = self.hidden(idx, input_pos, ragged, tree)  # [T, dim]
         return ragged.unpack(self.logits_from_hidden(h)), ragged.unpack(h)
+
+    def copy_cache(self, src: torch.Tensor, dst: torch.Tensor, where: torch.Tensor) -> None:
+        """Keys and values of cache slots src [B, M] copied to slots dst [B, M] of the same row, where [B, M]:
+        a tree branch's accepted entries, cached at scratch slots, moved to their own positions."""
+        rows, cols = where.nonzero(as_tuple=True)
+        s, d = src[rows, cols], dst[rows, cols]  # [P] each
+        for blk in self.layers:
+            kv = blk.attn.kv_cache
+            kv.k[rows, :, d], kv.v[rows, :, d] = kv.k[rows, :, s], kv.v[rows, :, s]
 
     # ------------------------------------------------------------------ caches
     def setup_caches(self, batch: int, max_len: int | None = None) -> None:

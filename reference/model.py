@@ -66,14 +66,28 @@ class ReferenceModel:
         logits, hidden = self.gpt(ids + self.n_codes, pos)
         return self._split(logits[:, -1:], hidden[:, -1:])
 
+    tree_attention = True  # step takes tree=, and copy_cache moves a branch's keys (decoders/branches.py)
+
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor, index: torch.Tensor, lengths: torch.Tensor | None = None) -> StepOutput:
+    def step(self, tokens: torch.Tensor, index: torch.Tensor, lengths: torch.Tensor | None = None,
+             tree: torch.Tensor | None = None) -> StepOutput:
+        """tree [B, S, S] (optional): tree attention, gpt.tree_mask (entry s cached at slot index[b, 0] + s)."""
         pos = index + self.gpt.cfg.caption_len
         if self._cfg:
             tokens, pos = tokens.repeat(2, 1), pos.repeat(2, 1)
             lengths = None if lengths is None else lengths.repeat(2)
-        logits, hidden = self.gpt(tokens, pos, lengths)
+            tree = None if tree is None else tree.repeat(2, 1, 1)
+        logits, hidden = self.gpt(tokens, pos, lengths, tree)
         return self._split(logits, hidden)
+
+    @torch.no_grad()
+    def copy_cache(self, src: torch.Tensor, dst: torch.Tensor, where: torch.Tensor) -> None:
+        """Cached keys and values at image indices src [B, M] copied to dst [B, M] where [B, M] (both branches)."""
+        C = self.gpt.cfg.caption_len
+        src, dst = src + C, dst + C
+        if self._cfg:
+            src, dst, where = src.repeat(2, 1), dst.repeat(2, 1), where.repeat(2, 1)
+        self.gpt.copy_cache(src, dst, where)
 
     def cache_bytes_per_sample(self, use_cfg: bool) -> int:
         """What one sample's KV cache takes (gpt.setup_caches' allocation; CFG doubles its rows)."""

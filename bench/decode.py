@@ -65,7 +65,7 @@ class ForwardCounter:
                 self.trace.append([rows, _prompt_len(m), _prompt_len(m)])
             return out
 
-        def counted_step(tokens, index, lengths=None):
+        def counted_step(tokens, index, lengths=None, **kw):  # kw: tree= (decoders/branches.py)
             self.steps += 1
             f = getattr(self, "_cfg_factor", 1)
             self.step_rows += tokens.shape[0] * f
@@ -73,7 +73,7 @@ class ForwardCounter:
             self.step_tokens += (tokens.numel() if lengths is None else int(lengths.sum())) * f
             if self.recording:  # the furthest position fed bounds the attention's width; the padded width
                 self.trace.append([tokens.shape[0] * f, tokens.shape[1], _prompt_len(m) + int(index.max()) + 1])
-            return step(tokens, index, lengths)
+            return step(tokens, index, lengths, **kw)
 
         m.start, m.step = counted_start, counted_step
         return self

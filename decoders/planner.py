@@ -200,11 +200,11 @@ class _StepTimer:
     def __getattr__(self, name):
         return getattr(self._m, name)
 
-    def step(self, tokens, index, lengths=None):
+    def step(self, tokens, index, lengths=None, **kw):  # kw: tree= (branches.py)
         sync(torch.device(getattr(self._m, "device", "cpu")))
         t0 = time.perf_counter()
         try:
-            return self._m.step(tokens, index, lengths)
+            return self._m.step(tokens, index, lengths, **kw)
         finally:
             sync(torch.device(getattr(self._m, "device", "cpu")))
             self.__dict__["inside"] += time.perf_counter() - t0

@@ -31,9 +31,9 @@ class _Fed:
     def __enter__(self):
         step = self.model.step
 
-        def counted(tokens, index, lengths=None):  # lengths: a packed step computes these entries only
+        def counted(tokens, index, lengths=None, **kw):  # lengths: a packed step computes these entries only
             self.total += (tokens.numel() if lengths is None else int(lengths.sum())) * self.rows
-            return step(tokens, index, lengths)
+            return step(tokens, index, lengths, **kw)
 
         self.model.step = counted
         self.total = self.rows  # the prefill draws token 0 from one position per row

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .configs import Relaxation
+from .configs import Relaxation, branch_tokens
 from .protocol import StepOutput
 from .sampling import sample_from
 from .verify import Verdict, residual, verify, verify_candidates
@@ -52,7 +52,7 @@ class Branches:
 
     def __init__(self, branches: int, branch_len: int, window: int):
         self.C = branches - 1  # side branches per row
-        self.D_max = min(branch_len or window - 1, window - 1)
+        self.D_max = branch_tokens(branches, branch_len, window)
 
     def lay_out(self, tokens: torch.Tensor, idx: torch.Tensor, L: torch.Tensor, p: torch.Tensor) -> Layout:
         """tokens, idx [B, S] the main windows (slot 0: the last committed token); L [B] their lengths; p [B, K, V]
@@ -117,10 +117,10 @@ class Branches:
         as verify took them; u_branch [B, C] one uniform per candidate."""
         B, S, V = q.shape
         need = active & (lay.D > 0) & (v.n_accepted == 0) & (n_valid >= 1)
+        if S < 2 or not bool(need.any()):
+            return v, q, torch.full_like(v.n_accepted, -1)
         won, r_last = verify_candidates(residual(q[:, 0].float(), p[:, 0].float()), lay.cands, u_branch)
         won = torch.where(need, won, -1)
-        if S < 2 or not bool(need.any()):
-            return v, q, won
         win, lost = won >= 0, need & (won < 0)
         rows = torch.arange(B, device=q.device)
         m = min(self.D_max, S - 1)

@@ -94,20 +94,30 @@ class Relaxation:
 MAX_ENTRIES = 192  # what one forward may feed a sample, branches included (the model's spare cache slots)
 
 
+def branch_tokens(branches: int, branch_len: int, window: int) -> int:
+    """Tokens per side branch (branches.py): branch_len, at most the window's drafts; 0 = as many as the window
+    has drafts and the forward's MAX_ENTRIES leave room for."""
+    if branches < 2:
+        return 0
+    if branch_len:
+        return min(branch_len, window - 1)
+    return max(1, min(window - 1, (MAX_ENTRIES - window) // (branches - 1)))
+
+
 def check_branches(branches: int, branch_len: int, window: int | None) -> None:
     """Proactive drafting's settings (branches.py): their ranges, and that a window's entries fit the cache
-    (window None: not known yet; SSD's depends on the grid, and its window-loop settings check it)."""
+    (window None: SSD's, which depends on the grid; an explicit branch_len is checked against the widest, 64)."""
     if not 1 <= branches <= 8:
         raise ValueError(f"branches must be an integer in [1, 8] (1 = off), got {branches}")
     if not 0 <= branch_len <= 63:
         raise ValueError(f"branch_len must be an integer in [0, 63] (0 = the window's drafts), got {branch_len}")
-    if window is None:
-        return
-    entries = window + (branches - 1) * min(branch_len or window - 1, window - 1)
+    what = f"window {window}" if window else "the widest ssd window, 64,"
+    window = window or 64
+    entries = window + (branches - 1) * branch_tokens(branches, branch_len, window)
     if entries > MAX_ENTRIES:
-        raise ValueError(f"window {window} with {branches} branches of {branch_len or window - 1} tokens feeds "
-                         f"{entries} entries per forward, more than {MAX_ENTRIES}: use fewer branches or a shorter "
-                         "branch_len")
+        raise ValueError(f"{what} with {branches} branches of {branch_len} tokens feeds {entries} "
+                         f"entries per forward, more than {MAX_ENTRIES}: use fewer branches or a shorter branch_len "
+                         "(0 fits them)")
 
 
 @dataclass(frozen=True)
@@ -119,7 +129,7 @@ class SJDConfig:
     adaptive: bool = False  # each sample's window follows its own acceptance, up to `window` (window_sizes.py)
     packed: bool = True  # the model feeds each sample its own window only (False: every row the whole window)
     branches: int = 1  # candidates for the window's first draft, verified by tree attention (branches.py); 1 = off
-    branch_len: int = 0  # tokens per side branch (0: as many as the window's drafts)
+    branch_len: int = 0  # tokens per side branch (0: the window's drafts, as many as fit: branch_tokens)
     continuation: bool = False  # drafts past the commit point: kept or resampled by the exact rule (window.py)
 
     def __post_init__(self):

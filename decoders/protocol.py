@@ -5,6 +5,9 @@ CFG, the unconditional branch) and returns the logits for index 0. `step(tokens,
 tokens at the given indices, per sample (the first lengths[b] of row b; all without lengths), and returns
 for each the logits that predict index + 1, plus the last hidden state before the final norm. Caches are
 position-indexed: feeding a sample from an earlier index is its rollback, and touches no other sample.
+A model with `tree_attention = True` (the reference model) also takes `step(..., tree=)`, a [B, S, S] mask of
+which entries each entry sees, and `copy_cache(src, dst, where)`, which moves cached keys and values between
+indices: proactive drafting's branches (decoders/branches.py) need both; the window loop refuses them elsewhere.
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def test_branches_save_forwards_and_say_so(tiny):
 
 
 @pytest.mark.parametrize("params, name", [({"branches": 9}, "branches"), ({"branch_len": 64}, "branch_len"),
-                                          ({"window": 64, "branches": 8}, "192"),
+                                          ({"window": 64, "branches": 8, "branch_len": 32}, "192"),
                                           ({"branches": 2, "packed": False}, None)])
 def test_bad_branch_settings_are_named(tiny, params, name):
     with pytest.raises(ValueError, match=name or "packed"):
@@ -177,3 +177,13 @@ def test_the_bench_counts_a_branched_decoders_entries(tiny):
     with ForwardCounter(tiny) as c:
         res = decode("sjd", tiny, PROMPTS[:2], [0, 1], SAMPLED, {"window": 6, "coupled": True, "branches": 3})
     assert c.step_tokens == sum(s.tokens_fed for s in res.stats) - 2 * 2  # the prefill's position is not a step's
+
+
+def test_branch_len_0_fits_the_branches_into_one_forward(tiny):
+    from ssdgen.decoders.configs import MAX_ENTRIES, branch_tokens
+    assert branch_tokens(4, 0, 33) == 32  # the window's drafts, where they fit
+    assert 33 + 7 * branch_tokens(8, 0, 33) <= MAX_ENTRIES  # shorter where they do not
+    with pytest.raises(ValueError, match="192"):  # SSD's window depends on the grid: checked at the widest
+        decoder_config("ssd", {"lossless": True, "branches": 8, "branch_len": 32})
+    res = decode("ssd", tiny, PROMPTS[:1], [0], SAMPLED, {"lossless": True, "branches": 8})
+    assert res.stats[0].extra["branch_len"] == branch_tokens(8, 0, res.stats[0].extra["window"])

@@ -35,6 +35,11 @@ class DistillConfig:
     kl_weight: float = 1.0
     seed: int = 0
     kind: str = "latent"
+    rollout: int = 1  # chained steps per training pair: the head learns from its own predictions (below)
+
+    def __post_init__(self):
+        if self.rollout < 1:
+            raise ValueError(f"rollout must be >= 1, got {self.rollout}")
 
 
 @torch.no_grad()
@@ -62,6 +67,27 @@ def collect(model, prompts: list[str], sc: SamplingConfig, dc: DistillConfig) ->
             hs.append(out.hidden_uncond)
             es.append(e)
     return {"h": torch.cat(hs), "e": torch.cat(es)}
+
+
+def _rollout_loss(model, heads: SpatialHeads, head, h: torch.Tensor, e: torch.Tensor, m: torch.Tensor,
+                  i: torch.Tensor, off: int, e_off: int, dc: DistillConfig, scale: torch.Tensor) -> torch.Tensor:
+    """The loss of one head on pairs (m, i) [batch], chained dc.rollout times as the decoder chains it: step r
+    maps the previous step's prediction (the exact h(i) first) and e(x_{i + r·off + e_off}) to h(i + (r+1)·off).
+    Chaining in training (EAGLE-3's training-time test) lets a head learn to correct its own errors; with
+    rollout 1 it is plain teacher forcing. Token heads chain by reusing the source state, as the drafter does."""
+    src, total = h[m, i], 0.0
+    for r in range(dc.rollout):
+        target = h[m, i + (r + 1) * off]  # [batch, D], the backbone's dtype
+        out = head(src, e[m, i + r * off + e_off])  # [batch, D or V], fp32
+        with torch.no_grad():
+            p_t = F.softmax(model.logits_from_hidden(target).float(), -1)
+        logp = F.log_softmax(heads.draft_logits(model, out).float(), -1)
+        kl = F.kl_div(logp, p_t, reduction="batchmean")
+        latent = heads.cfg.kind == "latent"
+        mse = F.mse_loss(out, target.float()) / scale if latent else torch.zeros((), device=out.device)
+        total = total + mse + dc.kl_weight * kl
+        src = out if latent else src
+    return total / dc.rollout
 
 
 def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig(),
@@ -96,23 +122,16 @@ def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig()
         losses = {}
         for name, head, n_pos, off, e_off in (("h", heads.horizontal, n_h, 1, 1), ("v", heads.vertical, n_v, W, 0)):
             m = torch.randint(0, M, (dc.batch,), generator=gen, device=h.device)
-            i = torch.randint(0, n_pos, (dc.batch,), generator=gen, device=h.device)
-            target = h[m, i + off]  # [batch, D], the backbone's dtype
-            out = head(h[m, i], e[m, i + e_off])  # [batch, D or V], fp32
-            with torch.no_grad():
-                p_t = F.softmax(model.logits_from_hidden(target).float(), -1)
-            logp = F.log_softmax(heads.draft_logits(model, out).float(), -1)
-            target = target.float()
-            kl = F.kl_div(logp, p_t, reduction="batchmean")
-            mse = F.mse_loss(out, target) / scale if cfg.kind == "latent" else torch.zeros((), device=out.device)
-            losses[name] = mse + dc.kl_weight * kl
+            i = torch.randint(0, n_pos - (dc.rollout - 1) * off, (dc.batch,), generator=gen, device=h.device)
+            losses[name] = _rollout_loss(model, heads, head, h, e, m, i, off, e_off, dc, scale)
         loss = losses["h"] + losses["v"]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if step % 20 == 0:
             bar.set_postfix(h=f"{losses['h'].item():.3f}", v=f"{losses['v'].item():.3f}")
-    info = {"n_images": len(prompts[:dc.n_images]), "pairs": int(M * (n_h + n_v)), "collect_s": t_collect,
+    info = {"n_images": len(prompts[:dc.n_images]), "pairs": int(M * (n_h + n_v)), "rollout": dc.rollout,
+            "collect_s": t_collect,
             "total_s": time.perf_counter() - t0, "params": heads.n_params(),
             "flops_per_token_per_head": heads.flops_per_token()}
     return heads.eval(), info
@@ -143,3 +162,42 @@ def draft_acceptance(model, heads: SpatialHeads, prompts: list[str], seeds: list
     return {"horizontal": float(torch.minimum(q_h, p[:, 1:]).sum(-1).mean()),
             "vertical": float(torch.minimum(q_v, p[:, W:]).sum(-1).mean()),
             "target_entropy_nats": float(-(p * p.clamp_min(1e-30).log()).sum(-1).mean())}
+
+
+@torch.no_grad()
+def chain_acceptance(model, heads: SpatialHeads, prompts: list[str], seeds: list[int],
+                     sc: SamplingConfig = SamplingConfig(), depth: int = 4) -> dict[str, dict[str, list[float]]]:
+    """Acceptance by offset, as the decoder chains the heads: per head and offset k = 1..depth, the mean of
+    sum_x min(p, q) over the same target positions with exact context (the head applied once to the
+    backbone's own hidden state) and with drafted context (the head applied k times, each on its own
+    previous prediction; the tokens fed are the backbone's samples, the context an accepted prefix has).
+    Horizontal offset k drafts x_{s+k+1} from h(s); vertical offset k drafts x_{s+kW+1} from h(s)."""
+    N, W = model.grid[0] * model.grid[1], model.grid[1]
+    out, e = teacher_forced(model, prompts, seeds, sc)  # e [B, N, E]
+    branches = [out.hidden] + ([out.hidden_uncond] if out.hidden_uncond is not None else [])  # [B, N-1, D] each
+    p = processed_probs(out.cond, out.uncond, sc)  # [B, N-1, V]: p[:, j] is x_{j+1}'s
+    latent = heads.cfg.kind == "latent"
+
+    def probs(outs: list[torch.Tensor]) -> torch.Tensor:
+        logits = [heads.draft_logits(model, o) for o in outs]
+        return processed_probs(logits[0], logits[1] if len(logits) > 1 else None, sc)
+
+    res = {}
+    for name, head, step in (("horizontal", heads.horizontal, 1), ("vertical", heads.vertical, W)):
+        L = N - 1 - depth * step  # sources s = 0..L-1: every offset's target exists
+        if L < 1:
+            raise ValueError(f"depth {depth} does not fit a {model.grid} grid for the {name} head")
+        chain = [h[:, :L] for h in branches]  # ĥ(s + (k-1)·step), [B, L, D] per CFG branch
+        exact, drafted = [], []
+        for k in range(1, depth + 1):
+            src, tok = (k - 1) * step, (k - 1) * step + (step == 1)  # the source index and the fed token's
+            emb = e[:, tok:tok + L]  # [B, L, E]
+            once = [head(h[:, src:src + L], emb) for h in branches]
+            chain = [head(c, emb) if latent else c for c in chain]
+            # token heads predict no hidden state: chained drafts reuse the source's (as the drafter does)
+            chained = chain if latent else [head(c, emb) for c in chain]
+            target = p[:, k * step:k * step + L]  # [B, L, V]
+            exact.append(float(torch.minimum(probs(once), target).sum(-1).mean()))
+            drafted.append(float(torch.minimum(probs(chained), target).sum(-1).mean()))
+        res[name] = {"exact": exact, "drafted": drafted}
+    return res

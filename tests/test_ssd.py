@@ -171,6 +171,32 @@ def test_self_distillation_reduces_the_heads_loss(tiny):
         identity = draft_acceptance(tiny, fresh, PROMPTS, [0, 1, 2, 3], SAMPLED)
         assert identity["vertical"] < trained["vertical"]
         assert identity["horizontal"] < trained["horizontal"]
+        # by offset (eval-heads' table): offset 1 is the one-step measure, exact and drafted context alike
+        from ssdgen.decoders.ssd_train import chain_acceptance
+        by = chain_acceptance(tiny, heads, PROMPTS, [0, 1, 2, 3], SAMPLED, depth=2)
+        for name in ("horizontal", "vertical"):
+            assert by[name]["exact"][0] == pytest.approx(by[name]["drafted"][0])
+            assert all(0.0 <= v <= 1.0 for v in by[name]["exact"] + by[name]["drafted"])
+        # identity heads chained keep h(s): two rows down drafts from a stale state, worse than one exact step
+        stale = chain_acceptance(tiny, fresh, PROMPTS, [0, 1, 2, 3], SAMPLED, depth=2)["vertical"]
+        assert stale["drafted"][1] < stale["exact"][1]
+        assert stale["exact"][0] < by["vertical"]["exact"][0]  # and the trained heads beat them by offset too
+
+
+def test_rollout_training_learns_from_chained_drafts(tiny):
+    """rollout=2 trains each head on its own prediction one step back (the decoder's chained drafts): its
+    two-step chained acceptance beats the untrained heads'; a rollout below 1 is refused."""
+    from ssdgen.decoders.ssd_train import chain_acceptance
+    with pytest.raises(ValueError, match="rollout"):
+        DistillConfig(rollout=0)
+    heads, info = train_heads(tiny, PROMPTS * 4, SAMPLED, DistillConfig(n_images=16, sample_batch=16, steps=60,
+                                                                        batch=256, rollout=2), log=lambda *a: None)
+    assert info["rollout"] == 2
+    with torch.no_grad():
+        trained = chain_acceptance(tiny, heads, PROMPTS, [0, 1, 2, 3], SAMPLED, depth=2)
+        fresh = chain_acceptance(tiny, SpatialHeads(heads.cfg), PROMPTS, [0, 1, 2, 3], SAMPLED, depth=2)
+    for name in ("horizontal", "vertical"):
+        assert trained[name]["drafted"][1] > fresh[name]["drafted"][1]
 
 
 def test_bare_ssd_runs_the_window_loop_and_the_block_decoder_must_be_named():

@@ -247,6 +247,8 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: str = typer.Option(
                                   "reference/weights/heads and heads-token)"),
                     n_images: int = typer.Option(2048, help="the model's own samples to distil from"),
                     steps: int = typer.Option(1500, help="optimiser steps per kind"),
+                    rollout: int = typer.Option(1, help="chained head steps per training pair (1: teacher "
+                                                        "forcing; more: the heads learn from their own drafts)"),
                     kind: str = typer.Option("latent", help="latent, token, or latent,token (both learn from one "
                                                             "set of samples)"),
                     cfg: float = CFG, top_k: int = TOPK, seed: int = typer.Option(0, help="sampling and training seed"),
@@ -263,6 +265,7 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: str = typer.Option(
     dests = [Path(o.strip()) for o in out.split(",")]
     if len(dests) != len(kinds):  # before the model loads
         raise ValueError(f"--out names {len(dests)} path(s) for {len(kinds)} kind(s) ({kind})")
+    base = DistillConfig(n_images=n_images, steps=steps, seed=seed, rollout=rollout)  # checked before the load
     m = model_on(model, device, dtype)
     if prompts is not None:
         captions = [line.strip() for line in prompts.read_text().splitlines() if line.strip()]
@@ -272,7 +275,6 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: str = typer.Option(
     else:
         raise ValueError("--prompts-file is required for Hugging Face models")
     sc = sampling_of(cfg, 1.0, top_k, 1.0)
-    base = DistillConfig(n_images=n_images, steps=steps, seed=seed)
     t0 = time.perf_counter()
     data = collect(m, captions[:n_images], sc, base) if len(kinds) > 1 else None  # sampled once, for every kind
     shared = {"shared_collect_s": time.perf_counter() - t0} if data is not None else {}
@@ -328,12 +330,14 @@ def eval_heads(heads: str = typer.Option("reference/weights/heads,reference/weig
                n: int = typer.Option(64, help="eval prompts"),
                batch_size: int = typer.Option(64, help="prompts per teacher-forced forward"),
                seed: int = typer.Option(0, help="added to each eval prompt's own seed"),
+               depth: int = typer.Option(6, help="offsets per head for the by-offset table (chained drafts)"),
                cfg: float = CFG, model: Optional[str] = MODEL,
                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
                device: str = DEVICE, dtype: str = DTYPE):
-    """Draft acceptance of SSD heads with exact context (teacher forcing), e.g. latent against token heads."""
+    """Draft acceptance of SSD heads with exact context (teacher forcing), e.g. latent against token heads, and
+    by offset with exact and with drafted (chained) context."""
     from ssdgen.decoders import load_heads
-    from ssdgen.decoders.ssd_train import draft_acceptance
+    from ssdgen.decoders.ssd_train import chain_acceptance, draft_acceptance
     from ssdgen.reference.prompts import eval_prompts
     m = model_on(model, device, dtype)
     sc = sampling_of(cfg, 1.0, 0, 1.0)
@@ -342,12 +346,20 @@ def eval_heads(heads: str = typer.Option("reference/weights/heads,reference/weig
     for path in [h.strip() for h in heads.split(",") if h.strip()]:
         hd = load_heads(m, path)
         acc = {"horizontal": 0.0, "vertical": 0.0, "target_entropy_nats": 0.0}
+        by = {h: {c: [0.0] * depth for c in ("exact", "drafted")} for h in ("horizontal", "vertical")}
         for i in range(0, n, batch_size):
             part = rows[i:i + batch_size]
-            got = draft_acceptance(m, hd, [r["prompt"] for r in part], [seed + r["seed"] for r in part], sc)
+            prompts, seeds = [r["prompt"] for r in part], [seed + r["seed"] for r in part]
+            got = draft_acceptance(m, hd, prompts, seeds, sc)
             acc = {k: acc[k] + got[k] * len(part) / n for k in acc}
+            for h, cols in chain_acceptance(m, hd, prompts, seeds, sc, depth).items():
+                for c, vals in cols.items():
+                    by[h][c] = [a + v * len(part) / n for a, v in zip(by[h][c], vals)]
         res["rows"].append({"heads": path, "kind": hd.cfg.kind, "params": hd.n_params(),
-                            "flops_per_token_per_head": hd.flops_per_token()} | acc)
+                            "flops_per_token_per_head": hd.flops_per_token()} | acc | {"by_offset": by})
         typer.echo(f"{path}: {hd.cfg.kind} heads, horizontal {acc['horizontal']:.3f}, vertical {acc['vertical']:.3f}")
+        for h, cols in by.items():
+            typer.echo(f"  {h} by offset 1..{depth}: exact " + " ".join(f"{v:.3f}" for v in cols["exact"])
+                       + ", drafted " + " ".join(f"{v:.3f}" for v in cols["drafted"]))
     if json_path:
         json_path.write_text(json.dumps(res, indent=1))

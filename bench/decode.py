@@ -72,7 +72,9 @@ class ForwardCounter:
             # a packed step computes each row's own entries only
             self.step_tokens += (tokens.numel() if lengths is None else int(lengths.sum())) * f
             if self.recording:  # the furthest position fed bounds the attention's width; the padded width
-                self.trace.append([tokens.shape[0] * f, tokens.shape[1], _prompt_len(m) + int(index.max()) + 1])
+                # a tree step caches entry s at slot index[:, 0] + s (reference/gpt.py tree_mask), past its positions
+                end = int(index[:, 0].max()) + tokens.shape[1] if kw.get("tree") is not None else int(index.max()) + 1
+                self.trace.append([tokens.shape[0] * f, tokens.shape[1], _prompt_len(m) + end])
             return step(tokens, index, lengths, **kw)
 
         m.start, m.step = counted_start, counted_step

@@ -47,3 +47,4 @@ def test_device_bench_script_runs_end_to_end_on_cpu_with_tiny_shapes(tmp_path):
     assert {"bench.json", "bench.html", "replay.json", "calibration.json", "env.txt", "probe.json"} <= files, files
     replay = json.loads((tmp_path / "out" / "replay.json").read_text())
     assert {r["decoder"].split(":")[0] for r in replay["rows"]} == {"ar", "sjd", "csd", "ssd", "ssd+csd"}
+    assert any("branches=8" in r["decoder"] for r in replay["rows"])  # proactive drafting's tree steps replay

@@ -114,6 +114,8 @@ def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig()
     gen = torch.Generator(device=h.device).manual_seed(dc.seed)  # the pairs each step trains on
     # pair index sets: horizontal i in [0, N-3] (target h(i+1) exists), vertical i in [0, N-2-W]
     n_h, n_v = h.shape[1] - 1, h.shape[1] - W
+    if n_v - (dc.rollout - 1) * W < 1:
+        raise ValueError(f"rollout {dc.rollout} chains the vertical head past a {model.grid} grid")
     bar = tqdm(range(dc.steps), desc="heads", unit="step")
     for step in bar:
         lr = dc.lr * 0.5 * (1 + math.cos(math.pi * step / dc.steps))
@@ -131,8 +133,7 @@ def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig()
         if step % 20 == 0:
             bar.set_postfix(h=f"{losses['h'].item():.3f}", v=f"{losses['v'].item():.3f}")
     info = {"n_images": len(prompts[:dc.n_images]), "pairs": int(M * (n_h + n_v)), "rollout": dc.rollout,
-            "collect_s": t_collect,
-            "total_s": time.perf_counter() - t0, "params": heads.n_params(),
+            "collect_s": t_collect, "total_s": time.perf_counter() - t0, "params": heads.n_params(),
             "flops_per_token_per_head": heads.flops_per_token()}
     return heads.eval(), info
 
@@ -173,6 +174,8 @@ def chain_acceptance(model, heads: SpatialHeads, prompts: list[str], seeds: list
     previous prediction; the tokens fed are the backbone's samples, the context an accepted prefix has).
     Horizontal offset k drafts x_{s+k+1} from h(s); vertical offset k drafts x_{s+kW+1} from h(s)."""
     N, W = model.grid[0] * model.grid[1], model.grid[1]
+    if not 1 <= depth <= (N - 2) // W:
+        raise ValueError(f"depth must be in 1..{(N - 2) // W} for a {tuple(model.grid)} grid, got {depth}")
     out, e = teacher_forced(model, prompts, seeds, sc)  # e [B, N, E]
     branches = [out.hidden] + ([out.hidden_uncond] if out.hidden_uncond is not None else [])  # [B, N-1, D] each
     p = processed_probs(out.cond, out.uncond, sc)  # [B, N-1, V]: p[:, j] is x_{j+1}'s
@@ -184,9 +187,7 @@ def chain_acceptance(model, heads: SpatialHeads, prompts: list[str], seeds: list
 
     res = {}
     for name, head, step in (("horizontal", heads.horizontal, 1), ("vertical", heads.vertical, W)):
-        L = N - 1 - depth * step  # sources s = 0..L-1: every offset's target exists
-        if L < 1:
-            raise ValueError(f"depth {depth} does not fit a {model.grid} grid for the {name} head")
+        L = N - 1 - depth * step  # sources s = 0..L-1: every offset's target exists (>= 1: checked above)
         chain = [h[:, :L] for h in branches]  # ĥ(s + (k-1)·step), [B, L, D] per CFG branch
         exact, drafted = [], []
         for k in range(1, depth + 1):

@@ -181,6 +181,8 @@ def test_self_distillation_reduces_the_heads_loss(tiny):
         stale = chain_acceptance(tiny, fresh, PROMPTS, [0, 1, 2, 3], SAMPLED, depth=2)["vertical"]
         assert stale["drafted"][1] < stale["exact"][1]
         assert stale["exact"][0] < by["vertical"]["exact"][0]  # and the trained heads beat them by offset too
+        with pytest.raises(ValueError, match="depth"):  # a chain longer than the grid is named, not an index error
+            chain_acceptance(tiny, heads, PROMPTS, [0], SAMPLED, depth=tiny.grid[0])
 
 
 def test_rollout_training_learns_from_chained_drafts(tiny):

@@ -339,6 +339,8 @@ def eval_heads(heads: str = typer.Option("reference/weights/heads,reference/weig
     from ssdgen.decoders import load_heads
     from ssdgen.decoders.ssd_train import chain_acceptance, draft_acceptance
     from ssdgen.reference.prompts import eval_prompts
+    if depth < 1:  # its upper bound depends on the model's grid (chain_acceptance)
+        raise ValueError(f"--depth must be >= 1, got {depth}")
     m = model_on(model, device, dtype)
     sc = sampling_of(cfg, 1.0, 0, 1.0)
     rows = eval_prompts(n)

@@ -49,11 +49,26 @@ def start(address: str | None = None) -> bool:
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        start_local(object_store_memory=int(os.environ.get("SSDGEN_OBJECT_STORE_BYTES", 512 * 2**20)))
+    with _keep_sigterm_handler():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            start_local(object_store_memory=int(os.environ.get("SSDGEN_OBJECT_STORE_BYTES", 512 * 2**20)))
     return True
+
+
+@contextmanager
+def _keep_sigterm_handler():
+    """The caller's SIGTERM handler stays in place while ray.init runs. Ray's init installs one that raises
+    SystemExit wherever the main thread is; a SIGTERM in that moment could land in a spot that swallows it
+    (logging's lock release did), and the run went on. Ray 2.60 sets it through this private helper."""
+    from ray._private import utils
+    saved = utils.set_sigterm_handler
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = saved
 
 
 def start_local(**init_kw) -> None:

@@ -41,6 +41,11 @@ class DistillConfig:
         if self.rollout < 1:
             raise ValueError(f"rollout must be >= 1, got {self.rollout}")
 
+    def check_grid(self, grid: tuple[int, int]) -> None:
+        """The vertical head's chain of `rollout` rows must fit the grid: checked before any sampling."""
+        if grid[0] * grid[1] - 1 - self.rollout * grid[1] < 1:
+            raise ValueError(f"rollout {self.rollout} chains the vertical head past a {tuple(grid)} grid")
+
 
 @torch.no_grad()
 def teacher_forced(model, prompts: list[str], seeds: list[int], sc: SamplingConfig):
@@ -95,6 +100,7 @@ def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig()
                 data: dict[str, torch.Tensor] | None = None) -> tuple[SpatialHeads, dict]:
     """Self-distil heads of kind dc.kind on the frozen model's samples of `prompts`. `data` is `collect`'s
     result when the caller already has it (latent and token heads can learn from one set of samples)."""
+    dc.check_grid(model.grid)
     t0 = time.perf_counter()
     for part in vars(model).values():  # the backbone is frozen: gradients flow through it to the heads only
         if isinstance(part, torch.nn.Module):
@@ -114,8 +120,6 @@ def train_heads(model, prompts: list[str], sc: SamplingConfig = SamplingConfig()
     gen = torch.Generator(device=h.device).manual_seed(dc.seed)  # the pairs each step trains on
     # pair index sets: horizontal i in [0, N-3] (target h(i+1) exists), vertical i in [0, N-2-W]
     n_h, n_v = h.shape[1] - 1, h.shape[1] - W
-    if n_v - (dc.rollout - 1) * W < 1:
-        raise ValueError(f"rollout {dc.rollout} chains the vertical head past a {model.grid} grid")
     bar = tqdm(range(dc.steps), desc="heads", unit="step")
     for step in bar:
         lr = dc.lr * 0.5 * (1 + math.cos(math.pi * step / dc.steps))

@@ -182,7 +182,7 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
     with _cluster_slots(cfg):
         stop.check()
         started_ray = cluster.start(cfg.ray_address)
-        stop.install()  # after Ray's init, which puts its own SIGTERM handler in place
+        stop.install()  # cluster.start keeps our SIGTERM handler through Ray's init; this covers any other way in
         actors = []
         try:
             actors = _actors(cfg, stop)

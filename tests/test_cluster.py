@@ -70,3 +70,23 @@ def test_the_message_for_a_gpu_node_that_is_too_small():
         "use --cpus-per-actor 3 or less")
     assert cluster._infeasible({"CPU": 1.0, "GPU": 2.0}, nodes) == (
         "--gpus-per-actor 2: no Ray node has 2 GPUs (largest: 3 CPUs, 1 GPU); use --gpus-per-actor 1 or less")
+
+
+@pytest.mark.integration
+def test_starting_the_local_ray_keeps_the_runs_sigterm_handler(tmp_path):
+    """Ray's init installs a SIGTERM handler raising SystemExit wherever the main thread is; a signal in that
+    moment could be swallowed and the run went on. cluster.start keeps the caller's handler (a fresh process:
+    the local_ray fixture's Ray is already up in this one)."""
+    import subprocess
+    import sys
+    code = ("import signal\n"
+            "from ssdgen.flows import cluster\n"
+            "def mine(signum, frame): pass\n"
+            "signal.signal(signal.SIGTERM, mine)\n"
+            "assert cluster.start()\n"
+            "kept = signal.getsignal(signal.SIGTERM) is mine\n"
+            "cluster.stop([], True)\n"
+            "print('kept' if kept else 'replaced')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "kept"

@@ -191,6 +191,8 @@ def test_rollout_training_learns_from_chained_drafts(tiny):
     from ssdgen.decoders.ssd_train import chain_acceptance
     with pytest.raises(ValueError, match="rollout"):
         DistillConfig(rollout=0)
+    with pytest.raises(ValueError, match="rollout"):  # a chain past the grid, named before any sampling
+        train_heads(tiny, PROMPTS, SAMPLED, DistillConfig(rollout=tiny.grid[0]), log=lambda *a: None)
     heads, info = train_heads(tiny, PROMPTS * 4, SAMPLED, DistillConfig(n_images=16, sample_batch=16, steps=60,
                                                                         batch=256, rollout=2), log=lambda *a: None)
     assert info["rollout"] == 2

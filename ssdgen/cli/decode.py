@@ -267,6 +267,7 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: str = typer.Option(
         raise ValueError(f"--out names {len(dests)} path(s) for {len(kinds)} kind(s) ({kind})")
     base = DistillConfig(n_images=n_images, steps=steps, seed=seed, rollout=rollout)  # checked before the load
     m = model_on(model, device, dtype)
+    base.check_grid(m.grid)  # before the samples are drawn (minutes to hours)
     if prompts is not None:
         captions = [line.strip() for line in prompts.read_text().splitlines() if line.strip()]
     elif ModelSpec.parse(model).kind == "reference":

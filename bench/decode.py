@@ -1,25 +1,29 @@
-"""`ssdgen bench`: every decoder in one process, on the same eval prompts and seeds.
+"""`ssdgen bench`: every decoder in one process, on the same eval prompts and seeds, timed in rounds.
 
-Speed: for each decoder and batch size, `n` eval prompts are decoded and timed (forwards per image,
-tokens per forward, seconds per image, images/s, waste: query tokens computed in both CFG rows per committed
-token, the mean of the decoders' own per-sample count); `speedup_vs_ar` is the ratio to `ar` at the same
-batch size, measured in the same run. `best` (best_batches): each decoder at the batch size where it
-rendered the most images/s, with its cost, fidelity and batch-1 latency, and its ratio to ar's best: the
-headline, since a dataset job runs at whatever batch is cheapest. Quality: `quality_n` eval prompts decoded
-batched, scored for scene and object accuracy and FD against real renders.
+Speed: for each decoder and batch size (a cell), `n` eval prompts are decoded and timed once per round; every
+round visits every cell, the cells of a batch size interleaved batch by batch (`time_rounds`). AR is timed a
+second time in the same rounds as the control. bench/noise.py turns the rounds into medians with 95% intervals
+(images/s, $ per 1k, the ratio to AR at the same batch and to AR's best), the control into the noise floor, and
+the whole into the verdict: the cheapest configuration at its best batch and the ones that cannot be told apart
+from it. bench/load.py watches the machine before and during the timing, and warns when it is busy. A row its
+plan decoded as plain AR is labelled "= ar (plan)" and not ranked. Also per row: forwards per image, tokens per
+forward, waste (query tokens computed in both CFG rows per committed token), latency percentiles. Quality:
+`quality_n` eval prompts decoded batched, scored for scene and object accuracy and FD against real renders.
 
 Cost: `usd_per_1k_images` = device-seconds per image x on-demand $ per device-hour / 3600 x 1000, from the
-`--device-type` row of `infra/prices.csv` (`flows.cost.price_for`). A device is what the row prices: on a CPU
-type a vCPU, and the bench is billed `torch.get_num_threads()` of them; on a GPU type, one GPU.
+user's price (`--prices`, `--usd-per-hour`) or the `--device-type` row of the shipped table
+(`flows.cost`). A device is what the row prices: on a CPU type a vCPU, and the bench is billed
+`torch.get_num_threads()` of them; on a GPU type, one GPU.
 
 Forward accounting (for `bench.projection`): every `start` (prefill) and `step` (one forward) the decoder
 makes is counted, with the rows it fed (CFG doubles them) and the query tokens per row, so a row also
 carries `forwards_per_batch` (prefill included), `rows_per_forward`, `tokens_fed_per_forward` and
-`prefill_tokens_per_image`. On CUDA the clock reads after a device synchronize, and one untimed warm-up
-decode per decoder runs first.
+`prefill_tokens_per_image`. On CUDA the clock reads after a device synchronize. One untimed warm-up decode per
+decoder runs first.
 
 Decoders are `DecodeSpec`s (decoders/spec.py), e.g. `csd:lam=0.5:delta=0.3`; all share one sampling setting,
-which the `ar` reference gets too, and rows are named by `spec.label` (the decoder and its parameters).
+which the `ar` reference gets too. Rows are named by `spec.label` (the decoder and its parameters), a repeated
+spec with its count ("ar #2").
 """
 
 from __future__ import annotations
@@ -102,16 +106,25 @@ def _sync(model) -> None:
 
 
 class SpeedTally:
-    """One decoder's timings and counts at one batch size, fed batch by batch: `bench` interleaves the decoders
-    batch by batch, so a slow spell of the machine falls on every decoder alike and the ratios to `ar` hold."""
+    """One (decoder, batch size) cell's timings and counts, fed batch by batch and round by round: `time_rounds`
+    interleaves the cells of a batch size batch by batch within each round, so a slow spell of the machine falls
+    on every decoder alike, and each round gives the cell one images/s figure (bench/noise.py)."""
 
-    def __init__(self, model, spec: DecodeSpec, batch_size: int, decode_as: DecodeSpec | None = None, heads=None):
-        """spec: the row's; decode_as: what decodes (a calibrated spec's resolution; default spec); heads: its."""
-        self.model, self.spec, self.batch_size = model, spec, batch_size
+    def __init__(self, model, name: str, spec: DecodeSpec, batch_size: int, role: str = "decoder",
+                 decode_as: DecodeSpec | None = None, heads=None):
+        """name: the row's (unique within a bench); role: reference (the AR that ratios divide by), control (AR
+        timed again: the noise floor) or decoder; decode_as: what decodes (a calibrated spec's resolution)."""
+        self.model, self.name, self.spec, self.batch_size, self.role = model, name, spec, batch_size, role
         self.decode_as, self.heads = decode_as or spec, heads
         self.fc = ForwardCounter(model)
         self.forwards, self.committed, self.latencies, self.accepted, self.waste = [], [], [], [], []
         self.batches, self.seconds, self.n = 0, 0.0, 0
+        self.round_seconds: list[float] = []
+        self.round_images: list[int] = []
+
+    def new_round(self) -> None:
+        self.round_seconds.append(0.0)
+        self.round_images.append(0)
 
     def run_batch(self, prompts: list[str], seeds: list[int]) -> None:
         with self.fc as fc:
@@ -122,6 +135,8 @@ class SpeedTally:
             _sync(self.model)
             secs = time.perf_counter() - t0
         self.seconds += secs
+        self.round_seconds[-1] += secs
+        self.round_images[-1] += len(prompts)
         self.latencies += [secs] * len(res.stats)  # a sample is done when its batch is
         self.forwards += [s.forwards for s in res.stats]
         self.committed += [s.tokens_per_forward for s in res.stats]
@@ -131,15 +146,18 @@ class SpeedTally:
         self.n += len(prompts)
 
     def row(self) -> dict:
-        fc, n, secs, accepted = self.fc, self.n, self.seconds, self.accepted
-        return {"decoder": self.spec.label, "params": dict(self.spec.params), "batch_size": self.batch_size, "n": n,
+        """The counts; bench/noise.py adds the medians and intervals from `rounds_images_per_s`."""
+        fc, n, accepted = self.fc, self.n, self.accepted
+        return {"decoder": self.name, "spec": self.spec.label, "role": self.role, "params": dict(self.spec.params),
+                "batch_size": self.batch_size, "n": n // max(1, len(self.round_seconds)),
+                "rounds": len(self.round_seconds),
+                "rounds_images_per_s": [k / s for k, s in zip(self.round_images, self.round_seconds)],
                 "forwards_per_image": float(np.mean(self.forwards)),
                 "tokens_per_forward": float(np.mean(self.committed)),
                 # query tokens computed (both CFG rows) per committed token, prefill as one: ar 2.0 with CFG
                 "waste": float(np.mean(self.waste)),
                 # drafts accepted / drafts verified (nan for ar): the heads' and drafters' quality
                 "acceptance_rate": float(np.nanmean(accepted)) if not np.all(np.isnan(accepted)) else None,
-                "seconds_per_image": secs / n, "images_per_s": n / secs,
                 "latency_p50_s": float(np.percentile(self.latencies, 50)),
                 "latency_p90_s": float(np.percentile(self.latencies, 90)),
                 # model calls, for bench.projection (a batch runs as long as its slowest sample): forwards per
@@ -151,16 +169,35 @@ class SpeedTally:
                 "trace": {"batch": min(self.batch_size, n), "forwards": fc.trace}}
 
 
-def speed_rows(model, specs: list[DecodeSpec], prompts: list[str], seeds: list[int], batch_size: int,
-               resolved: list[DecodeSpec] | None = None, heads: dict | None = None) -> list[dict]:
-    """Every spec over every batch of the prompts, interleaved batch by batch (SpeedTally); resolved: what each
-    spec decodes as (a calibrated one's resolution at this batch size); heads: {spec: its heads}."""
-    resolved, heads = resolved or list(specs), heads or {}
-    tallies = [SpeedTally(model, spec, batch_size, as_, heads.get(spec)) for spec, as_ in zip(specs, resolved)]
-    for i in range(0, len(prompts), batch_size):
-        for t in tallies:
-            t.run_batch(prompts[i:i + batch_size], seeds[i:i + batch_size])
-    return [t.row() for t in tallies]
+def time_rounds(tallies: list[SpeedTally], prompts: list[str], seeds: list[int], rounds: int, monitor=None,
+                progress: bool | None = None) -> None:
+    """Every round visits every cell once: per batch size, its cells decode every batch of the prompts,
+    interleaved batch by batch, starting each round one decoder further on (no decoder always goes first).
+    A progress bar per cell with its ETA, and one for the whole bench (on a terminal; `progress`)."""
+    from tqdm import tqdm
+    sizes = list(dict.fromkeys(t.batch_size for t in tallies))
+    total = rounds * len(tallies) * len(prompts)
+    with tqdm(total=total, desc="bench", unit="img", disable=True if progress is False else None,
+              position=0, dynamic_ncols=True) as overall:
+        for r in range(rounds):
+            for bs in sizes:
+                group = [t for t in tallies if t.batch_size == bs]
+                k = r % len(group)
+                group = group[k:] + group[:k]
+                bars = [tqdm(total=len(prompts), desc=f"round {r + 1}/{rounds} batch {bs} {t.name}", unit="img",
+                             leave=False, position=j + 1, disable=overall.disable, dynamic_ncols=True)
+                        for j, t in enumerate(group)]
+                for t in group:
+                    t.new_round()
+                for i in range(0, len(prompts), bs):
+                    for t, bar in zip(group, bars):
+                        t.run_batch(prompts[i:i + bs], seeds[i:i + bs])
+                        bar.update(len(prompts[i:i + bs]))
+                        overall.update(len(prompts[i:i + bs]))
+                for bar in bars:
+                    bar.close()
+                if monitor is not None:
+                    monitor.mark(f"round {r + 1}, batch {bs}")
 
 
 def model_info(model) -> dict:
@@ -175,10 +212,11 @@ def model_info(model) -> dict:
     return info
 
 
-def resolve_device(device: str, device_type: str):
-    """(torch device, Price, devices billed). Rejects a device type that does not price this device."""
+def resolve_device(device: str, device_type: str, price=None):
+    """(torch device, Price, devices billed). Rejects a device type that does not price this device. `price`:
+    the user's (flows.cost); default: the shipped table's row for `device_type`."""
     from ssdgen.flows.cost import price_for
-    price = price_for(device_type)  # unknown types: ValueError listing the known ones
+    price = price or price_for(device_type)  # unknown types: ValueError listing the known ones
     dev = torch.device(device)  # a malformed device string raises RuntimeError
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: CUDA is not available on this machine (torch {torch.__version__})")
@@ -209,59 +247,90 @@ def check_args(specs: list[DecodeSpec], batch_sizes: list[int]) -> SamplingConfi
     return common_sampling(specs)
 
 
+def row_names(specs: list[DecodeSpec], ar: DecodeSpec) -> list[tuple[str, DecodeSpec, str]]:
+    """(name, spec, role) per timed row, in the order given: a repeated spec is a row of its own ("ar", "ar #2");
+    the first `ar` is the reference (inserted first when not given), and one more AR is the control."""
+    out, seen = [], {}
+    for spec in ([] if ar in specs else [ar]) + list(specs):
+        seen[spec.label] = seen.get(spec.label, 0) + 1
+        k = seen[spec.label]
+        role = "reference" if spec == ar and not any(r == "reference" for _, _, r in out) else "decoder"
+        out.append((spec.label if k == 1 else f"{spec.label} #{k}", spec, role))
+    return out + [("ar (control)", ar, "control")]
+
+
 def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], quality_n: int,
           quality_batch: int = 64, seed: int = 0, log=print, device_type: str = "cpu",
-          warmup: bool | None = None, quality_decoders: list[DecodeSpec] | None = None, fidelity_n: int = 0,
-          tolerance: float = 0.15) -> dict:
-    """`warmup` (default: on CUDA only) decodes one prompt per decoder first, untimed (CUDA/cuBLAS start-up).
-    A device-calibrated spec is resolved at each batch size first, as a run is once (`plan_rows`, `plan_spec`,
-    `calibration_s`, `plan_measured` in its row), so the timed batches decode by the resolved spec.
+          warmup: bool = True, quality_decoders: list[DecodeSpec] | None = None, fidelity_n: int = 0,
+          tolerance: float = 0.15, rounds: int = 3, price=None, progress: bool | None = None) -> dict:
+    """`rounds` (>= 1; 3 or more for an interval) times every cell; `warmup` decodes one prompt per decoder first,
+    untimed (allocator, thread pool; CUDA/cuBLAS start-up). A device-calibrated spec is resolved at each batch
+    size first, as a run is once (`plan_rows`, `plan_spec`, `calibration_s`, `plan_measured` in its row), so the
+    timed batches decode by the resolved spec. `price`: a flows.cost.Price (default: `device_type`'s row).
     `quality_decoders`: the decoder specs to score for quality (default: all); lossless decoders sample AR's
     distribution by construction (tested exactly and statistically), so a run may spend its time elsewhere."""
+    from ssdgen.bench import noise
+    from ssdgen.bench.load import LoadMonitor
     from ssdgen.reference.prompts import eval_prompts
     sc = check_args(specs, batch_sizes)
-    dev, price, devices = resolve_device(str(getattr(model, "device", "cpu")), device_type)
-    decs = list(specs)
-    heads = {spec: heads_for(spec, model) for spec in decs}  # loaded once; missing heads fail before any decode
+    if rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    dev, price, devices = resolve_device(str(getattr(model, "device", "cpu")), device_type, price)
+    monitor = LoadMonitor(torch.get_num_threads())
+    monitor.idle_check()
     ar = DecodeSpec("ar", (), sc)
-    if ar not in decs:
-        decs.insert(0, ar)  # speedups are ratios to ar measured in this run
+    named = row_names(specs, ar)
+    decs = list(dict.fromkeys(spec for _, spec, _ in named))  # each spec once: heads, plans, quality, fidelity
+    heads = {spec: heads_for(spec, model) for spec in decs}  # loaded once; missing heads fail before any decode
     rows_ = eval_prompts(n)
     prompts = [r["prompt"] for r in rows_]
     seeds = [seed * 1_000_003 + r["seed"] for r in rows_]
-    if warmup if warmup is not None else dev.type == "cuda":
+    if warmup:
         for spec in decs:
             run(resolve(spec, model, prompts[:1], seeds[:1], 1, heads.get(spec))[0], model, prompts[:1], seeds[:1],
                 heads.get(spec))
         _sync(model)
-    rows = []
+    tallies, planned = [], {}
     for bs in batch_sizes:
         if bs > n:
             log(f"note: batch {bs} > --n {n}: its batches hold all {n} prompts, as batch {n} would")
-        plans = [_calibrate(model, spec, prompts, seeds, bs, heads.get(spec)) for spec in decs]
-        resolved = [as_ for as_, _ in plans]
-        for row, (_, planned) in zip(speed_rows(model, decs, prompts, seeds, bs, resolved, heads), plans):
-            row |= planned or {}
-            row["device_seconds_per_image"] = row["seconds_per_image"] * devices
-            row["usd_per_1k_images"] = row["device_seconds_per_image"] * price.on_demand_usd_per_hour / 3.6
-            row["usd_per_1k_images_spot"] = (None if price.spot_usd_per_hour is None else
-                                             row["device_seconds_per_image"] * price.spot_usd_per_hour / 3.6)
-            rows.append(row)
-            log(f"speed  {row['decoder']:<28} batch {bs:>3}: {row['forwards_per_image']:.1f} forwards/image, "
-                f"{row['seconds_per_image']:.3f} s/image, ${row['usd_per_1k_images']:.4g}/1k images")
-        ar_sec = next(r["seconds_per_image"] for r in rows if r["batch_size"] == bs and r["decoder"] == "ar")
-        for row in rows:
-            if row["batch_size"] == bs:
-                row["speedup_vs_ar"] = ar_sec / row["seconds_per_image"]
+        plans = {spec: _calibrate(model, spec, prompts, seeds, bs, heads.get(spec)) for spec in decs}
+        for name, spec, role in named:
+            tallies.append(SpeedTally(model, name, spec, bs, role, plans[spec][0], heads.get(spec)))
+            planned[(name, bs)] = plans[spec][1]
+    monitor.mark("calibration")
+    log(f"timing {len(tallies)} cells ({len(named) - 1} decoders and an AR control x {len(batch_sizes)} batch "
+        f"sizes) in {rounds} interleaved rounds of {n} prompts each")
+    time_rounds(tallies, prompts, seeds, rounds, monitor, progress)
+    all_rows = [t.row() | (planned[(t.name, t.batch_size)] or {}) for t in tallies]
+    for row in all_rows:
+        row["planned_as_ar"] = row.get("plan_choice") == "ar"
+        if row["planned_as_ar"]:
+            row["planned_as"] = "= ar (plan)"
+    rows = [r for r in all_rows if r["role"] != "control"]
+    control = [r for r in all_rows if r["role"] == "control"]
+    floor = noise.noise_floor(all_rows, control) if rounds > 1 else {"floor": None, "by_batch": []}
+    per_s = devices * price.on_demand_usd_per_hour / 3.6
+    spot = None if price.spot_usd_per_hour is None else devices * price.spot_usd_per_hour / 3.6
+    noise.add_cell_stats(all_rows, floor["floor"] or 0.0, per_s, spot)
+    for row in all_rows:
+        row["device_seconds_per_image"] = row["seconds_per_image"] * devices
+        log(f"speed  {row['decoder']:<28} batch {row['batch_size']:>3}: {row['forwards_per_image']:.1f} "
+            f"forwards/image, {row['images_per_s']:.3g} images/s {noise._iv(row['images_per_s_ci'])}"
+            + (f" {row['planned_as']}" if row.get("planned_as") else ""))
+    floor["control"] = control
     if quality_n:
         _add_quality(model, decs, rows, quality_decoders, quality_n, quality_batch, seed, log)
     samples = _add_fidelity(model, decs, rows, fidelity_n, quality_batch, seed, tolerance, log) \
         if fidelity_n else None
+    load = monitor.report()
+    best = noise.best_batches(rows, floor["floor"] or 0.0)
     return {"model": model.name, "device": device_label(dev), "torch_device": str(dev),
             "device_type": price.device_type, "devices": devices, "threads": torch.get_num_threads(),
             "price": dataclasses.asdict(price), "model_info": model_info(model),
-            "date": dt.date.today().isoformat(), "sampling": sc.__dict__, "best": best_batches(rows),
-            "rows": rows} \
+            "date": dt.date.today().isoformat(), "sampling": sc.__dict__, "rounds": rounds, "n": n,
+            "verdict": noise.verdict(rows, best, floor["floor"] or 0.0), "load": load, "noise": floor,
+            "best": best, "rows": rows} \
         | ({"samples": samples, "fidelity_n": fidelity_n, "tolerance": tolerance} if fidelity_n else {})
 
 
@@ -293,7 +362,7 @@ def _add_quality(model, decs, rows, chosen, n, batch, seed, log) -> None:
         log(f"quality {spec.label:<27}: scene {q['scene_accuracy']:.3f}, object "
             f"{q['object_accuracy']:.3f}, FD {q['fd']:.2f}")
         for row in rows:
-            if row["decoder"] == spec.label:
+            if row["spec"] == spec.label:
                 row.update(scene_accuracy=q["scene_accuracy"], object_accuracy=q["object_accuracy"],
                            fd=q["fd"], quality_n=n, quality_forwards_per_image=q["forwards_per_image"])
 
@@ -313,35 +382,13 @@ def _add_fidelity(model, decs, rows, n, batch, seed, tolerance, log) -> dict | N
     by_label = {r["decoder"]: r for r in fid["rows"]}
     specs = {s.label: s for s in decs}
     for row in rows:
-        f = by_label.get(row["decoder"])
+        f = by_label.get(row["spec"])
         if row.get("plan_choice") is not None:  # what the plan decoded: AR, or one of the spec's choices
             c = row["plan_choice"]
-            f = by_label["ar"] if c == "ar" else by_label[choices(specs[row["decoder"]])[c].label]
+            f = by_label["ar"] if c == "ar" else by_label[choices(specs[row["spec"]])[c].label]
             row["fidelity_of"] = f["decoder"]
         if f is not None:
             row.update({k: f[k] for k in FIDELITY_COLS} | {"fidelity_n": n})
             if "scene_accuracy" in f and "quality_n" not in row:  # the scorer's verdict on the same samples
                 row.update(scene_accuracy=f["scene_accuracy"], object_accuracy=f["object_accuracy"], quality_n=n)
     return fid.get("samples")
-
-
-BEST_COLS = ("batch_size", "images_per_s", "seconds_per_image", "usd_per_1k_images", "usd_per_1k_images_spot",
-             "waste", "speedup_vs_ar", "plan_spec", "fidelity_of", "fidelity_n") + FIDELITY_COLS
-
-
-def best_batches(rows: list[dict]) -> list[dict]:
-    """Per decoder (in the rows' order), its row with the most images/s among the batch sizes measured: that
-    row's BEST_COLS (the fidelity ones where the bench measured them), `latency_batch1_s` (s/image at batch 1,
-    None when batch 1 was not measured) and `vs_ar_best` (its images/s / ar's best images/s; None without ar)."""
-    best: dict[str, dict] = {}
-    for r in rows:
-        if r["images_per_s"] > best.get(r["decoder"], {"images_per_s": -1.0})["images_per_s"]:
-            best[r["decoder"]] = r
-    ar_best = best["ar"]["images_per_s"] if "ar" in best else None
-    out = []
-    for d, r in best.items():
-        one = next((x for x in rows if x["decoder"] == d and x["batch_size"] == 1), None)
-        out.append({"decoder": d} | {k: r[k] for k in BEST_COLS if k in r}
-                   | {"latency_batch1_s": None if one is None else one["seconds_per_image"],
-                      "vs_ar_best": None if ar_best is None else r["images_per_s"] / ar_best})
-    return out

@@ -168,13 +168,16 @@ def pareto_plot(rows: list[dict]) -> bytes:
 
 
 def throughput_plot(rows: list[dict]) -> bytes:
-    """Images/s against batch size (log x), a line per decoder."""
+    """Images/s against batch size (log x), a line per decoder, with the rounds' 95% intervals."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(4.9, 3.6))
     colours = _colour_map(_decoders(rows))
     for d, c in colours.items():
         rs = sorted((r for r in rows if r["decoder"] == d), key=lambda r: r["batch_size"])
-        ax.plot([r["batch_size"] for r in rs], [r["images_per_s"] for r in rs], "o-", color=c, label=d)
+        x, y = [r["batch_size"] for r in rs], [r["images_per_s"] for r in rs]
+        ci = [r.get("images_per_s_ci") or [v, v] for r, v in zip(rs, y)]  # the rounds' 95% interval
+        ax.errorbar(x, y, yerr=[[v - lo for v, (lo, _) in zip(y, ci)], [hi - v for v, (_, hi) in zip(y, ci)]],
+                    fmt="o-", color=c, label=d, capsize=3)
     ax.set_xscale("log", base=2)
     sizes = sorted({r["batch_size"] for r in rows})
     ax.set_xticks(sizes)
@@ -228,36 +231,62 @@ def samples_table(samples: dict) -> str:
     return f'<table><tr><th class="l">prompt</th>{head}</tr>{"".join(body)}</table>'
 
 
-BENCH_COLS = [("decoder", "decoder"), ("batch_size", "batch"), ("n", "n"),
-              ("forwards_per_image", "forwards / image"), ("tokens_per_forward", "tokens / forward"),
-              ("waste", "tokens computed / committed"), ("seconds_per_image", "s / image"),
-              ("images_per_s", "images / s"),
+BENCH_COLS = [("decoder", "decoder"), ("batch_size", "batch"), ("n", "n"), ("rounds", "rounds"),
+              ("planned_as", "plan"), ("forwards_per_image", "forwards / image"),
+              ("tokens_per_forward", "tokens / forward"), ("waste", "tokens computed / committed"),
+              ("seconds_per_image", "s / image"), ("images_per_s", "images / s"), ("images_per_s_ci", "95% interval"),
               ("latency_p50_s", "latency p50 (s)"), ("latency_p90_s", "latency p90 (s)"),
-              ("speedup_vs_ar", "speedup vs ar"), ("usd_per_1k_images", "$ / 1k images"),
+              ("speedup_vs_ar", "vs ar (same batch)"), ("speedup_vs_ar_ci", "95% interval"),
+              ("speedup_vs_ar_verdict", "verdict"), ("usd_per_1k_images", "$ / 1k images"),
               ("nll_gap", "NLL gap to ar"), ("nll_gap_ci", "95% interval"), ("indistinguishable", "= ar?"),
               ("fd_to_ar", "FD to ar"),
               ("scene_accuracy", "scene acc."), ("object_accuracy", "object acc."), ("fd", "FD")]
 
 
 BEST_COLS = [("decoder", "decoder"), ("batch_size", "best batch"), ("images_per_s", "images / s"),
-             ("vs_ar_best", "vs ar's best"), ("usd_per_1k_images", "$ / 1k images on demand"),
+             ("images_per_s_ci", "95% interval"), ("vs_ar_best", "vs ar's best"), ("vs_ar_best_ci", "95% interval"),
+             ("vs_ar_best_verdict", "verdict"), ("usd_per_1k_images", "$ / 1k images on demand"),
+             ("usd_per_1k_images_ci", "95% interval"),
              ("usd_per_1k_images_spot", "$ / 1k images spot"), ("waste", "tokens computed / committed"),
              ("nll_gap", "NLL gap to ar"), ("nll_gap_ci", "95% interval"), ("within_tolerance", "within tolerance"),
              ("latency_batch1_s", "latency at batch 1 (s / image)")]
 
 
+def present(rows: list[dict], cols: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The columns some row has a value in: a table keeps no empty column."""
+    return [c for c in cols if any(r.get(c[0]) is not None for r in rows)]
+
+
+def verdict_section(res: dict) -> list[str]:
+    """The page's first lines: the verdict, the noise floor it was judged by, and any warning of a busy machine."""
+    out = []
+    v, noise = res.get("verdict"), res.get("noise") or {}
+    if v:
+        out += ["<h2>Verdict</h2>", f"<p><b>{esc(v['text'])}</b></p>"]
+    if noise.get("floor") is not None:
+        out.append(f'<p class="meta">Timed in {esc(res.get("rounds"))} interleaved rounds; medians with 95% '
+                   f"intervals. Noise floor {noise['floor']:.1%}: AR against AR in the same rounds. A ratio whose "
+                   "interval holds 1 or lies within the floor is &ldquo;no measurable difference&rdquo;.</p>")
+    elif "rounds" in res:
+        out.append('<p class="note">One round: no intervals, so no difference can be told from noise.</p>')
+    for w in (res.get("load") or {}).get("warnings", []):
+        out.append(f'<p class="note err">Busy machine: {esc(w)}</p>')
+    return out
+
+
 def best_section(res: dict) -> list[str]:
-    """The page's headline: each decoder at its best measured batch size (bench.decode.best_batches), or
+    """The page's headline: each decoder at its best measured batch size (bench.noise.best_batches), or
     nothing for a result recorded before the bench reported it."""
     best = res.get("best")
     if not best:
         return []
     sizes = sorted({r["batch_size"] for r in res["rows"]})
-    return ["<h2>Best batch per decoder</h2>", table(best, BEST_COLS, left=("decoder",)),
+    return ["<h2>Best batch per decoder</h2>", table(best, present(best, BEST_COLS), left=("decoder",)),
             f'<p class="meta">Each decoder at the batch size with the most images/s among those measured '
-            f'({esc(", ".join(map(str, sizes)))}): what a dataset job would run. &ldquo;vs ar\'s best&rdquo; '
-            "divides its images/s by ar's at ar's own best batch size. Tokens computed / committed: query "
-            "tokens fed to the model in both CFG rows per image token (plain AR with CFG: 2).</p>"]
+            f'({esc(", ".join(map(str, sizes)))}): what a dataset job would run; rows planned as plain AR are not '
+            "ranked. &ldquo;vs ar\'s best&rdquo; divides its images/s by ar's at ar's own best batch size, round "
+            "by round. Tokens computed / committed: query tokens fed to the model in both CFG rows per image token "
+            "(plain AR with CFG: 2).</p>"]
 
 
 def bench_html(res: dict, samples: dict | None = None) -> str:
@@ -268,7 +297,8 @@ def bench_html(res: dict, samples: dict | None = None) -> str:
     meta = (f"model {esc(res.get('model'))} &middot; device {esc(res.get('device'))} &middot; "
             f"{esc(res.get('date'))} &middot; sampling {esc(res.get('sampling'))}")
     quality = any(r.get("scene_accuracy") is not None for r in rows)
-    body = best_section(res) + ["<h2>Results</h2>", table(rows, BENCH_COLS, left=("decoder",))]
+    body = verdict_section(res) + best_section(res) + [
+        "<h2>Results</h2>", table(rows, present(rows, BENCH_COLS), left=("decoder", "speedup_vs_ar_verdict"))]
     if p:
         spot = p.get("spot_usd_per_hour")
         spot = "no price" if spot is None else f'{esc(spot)} $/{esc(p.get("unit"))}-hour'
@@ -278,15 +308,17 @@ def bench_html(res: dict, samples: dict | None = None) -> str:
                     f'with {esc(res.get("devices"))} {esc(p.get("unit"))}(s) billed '
                     f'(device type {esc(p.get("device_type"))}, {esc(p.get("instance_type"))}; '
                     f'price as of {esc(p.get("as_of"))}: {esc(p.get("source"))}).</p>')
-    if not quality:
-        body.append('<p class="note">Quality was skipped in this run (--quality-n 0): no scene accuracy, '
-                    "object accuracy or FD.</p>")
-    body += ['<div class="grid"><div><h2>Speed vs quality</h2>',
-             img_tag(pareto_plot(rows), "Pareto plot: speedup vs scene accuracy"),
-             "</div><div><h2>Throughput</h2>", img_tag(throughput_plot(rows), "images/s vs batch size"), "</div>"]
+    body += ['<div class="grid">']
+    if quality:
+        body += ["<div><h2>Speed vs quality</h2>", img_tag(pareto_plot(rows), "Pareto plot: speedup vs scene accuracy"),
+                 "</div>"]
+    body += ["<div><h2>Throughput</h2>", img_tag(throughput_plot(rows), "images/s vs batch size"), "</div>"]
     if any(r.get("nll_gap") is not None for r in rows):
         body += ["<div><h2>Speed vs fidelity</h2>", img_tag(frontier_plot(rows), "images/s vs NLL gap"), "</div>"]
     body.append("</div>")
+    if not quality:  # the plot it would have drawn is left out, and the page says why
+        body.append('<p class="note">Quality was skipped in this run (--quality-n 0): no scene accuracy, '
+                    "object accuracy or FD, so no speed-vs-quality plot.</p>")
     if samples:
         body += ["<h2>Same prompts, ar beside each decoder</h2>", samples_table(samples)]
     return page(f"ssdgen bench: {res.get('model', '')}", "\n".join(body), meta)

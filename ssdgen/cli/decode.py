@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from ssdgen.bench.noise import SAME
 from ssdgen.cli.options import (CFG, DECODER, DEVICE, DTYPE, MODEL, RUN_DECODER, TOPK, friendly, model_on,
                                 sampling_of, spec_of, specs_of)
 
@@ -56,10 +57,12 @@ def _batch_sizes(text: str) -> list[int]:
         raise ValueError(f"--batch-sizes must be comma-separated integers, got {text!r}") from None
 
 
-BEST_COLS = ("decoder", "batch_size", "images_per_s", "vs_ar_best", "usd_per_1k_images", "usd_per_1k_images_spot",
-             "waste", "nll_gap", "nll_gap_ci", "within_tolerance", "latency_batch1_s")
-ROW_COLS = ("decoder", "batch_size", "forwards_per_image", "tokens_per_forward", "waste", "seconds_per_image",
-            "speedup_vs_ar", "usd_per_1k_images", "nll_gap", "scene_accuracy", "object_accuracy", "fd")
+BEST_COLS = ("decoder", "batch_size", "images_per_s", "images_per_s_ci", "vs_ar_best", "vs_ar_best_ci",
+             "vs_ar_best_verdict", "usd_per_1k_images", "usd_per_1k_images_ci", "usd_per_1k_images_spot", "waste",
+             "nll_gap", "nll_gap_ci", "within_tolerance", "latency_batch1_s")
+ROW_COLS = ("decoder", "batch_size", "forwards_per_image", "tokens_per_forward", "waste", "images_per_s",
+            "images_per_s_ci", "speedup_vs_ar", "speedup_vs_ar_ci", "speedup_vs_ar_verdict", "usd_per_1k_images",
+            "planned_as", "nll_gap", "scene_accuracy", "object_accuracy", "fd")
 
 
 def _cell(v) -> str:
@@ -71,14 +74,25 @@ def _cell(v) -> str:
 
 
 def _echo_table(cols: tuple[str, ...], rows: list[dict]) -> None:
+    cols = tuple(c for c in cols if any(r.get(c) is not None for r in rows))  # no empty columns
     typer.echo(" | ".join(cols))
     for r in rows:
         typer.echo(" | ".join(_cell(r.get(c)) for c in cols))
 
 
 def _echo_bench(res: dict) -> None:
-    """The headline first (each decoder at its best measured batch size: what a dataset job would run), then
-    every decoder and batch size."""
+    """The verdict first (the cheapest configuration at its best batch and what cannot be told apart from it),
+    then the load warnings, each decoder at its best measured batch size, and every decoder and batch size."""
+    if res.get("verdict"):
+        typer.echo(f"verdict: {res['verdict']['text']}")
+    noise = res.get("noise") or {}
+    if noise.get("floor") is not None:
+        typer.echo(f"noise floor: {noise['floor']:.1%} (AR against AR in the same {res.get('rounds')} rounds); a "
+                   f"ratio whose 95% interval holds 1 or lies within it is '{SAME}'")
+    elif "rounds" in res:
+        typer.echo("one round: no interval, so no difference can be told from noise (use --rounds 3 or more)")
+    for w in (res.get("load") or {}).get("warnings", []):
+        typer.echo(f"warning: busy machine: {w}")
     typer.echo("best batch per decoder (the most images/s among the batch sizes measured; latency at batch 1)")
     _echo_table(BEST_COLS, res.get("best", []))
     typer.echo("")
@@ -88,25 +102,36 @@ def _echo_bench(res: dict) -> None:
 @app.command("bench")
 @friendly
 def bench_cmd(decoders: str = typer.Option("ar,sjd,csd",
-                                           help="comma-separated specs, e.g. ar,sjd:window=16,csd:lam=0.5"),
-              n: int = typer.Option(64, help="eval prompts timed per decoder and batch size"),
+                                           help="comma-separated specs, e.g. ar,sjd:window=16,csd:lam=0.5; a "
+                                                "repeated spec is a row of its own (ar,ar: AR against itself)"),
+              n: int = typer.Option(64, help="eval prompts timed per decoder, batch size and round"),
               batch_sizes: str = typer.Option("1", help="comma-separated batch sizes"),
-              quality_n: int = typer.Option(1024, help="eval prompts for scene accuracy and FD (0 = skip)"),
+              rounds: int = typer.Option(3, help="interleaved timing rounds: each times every decoder and batch "
+                                                 "size once; 3 or more give 95% intervals (1: none)"),
+              quality_n: int = typer.Option(1024, help="eval prompts for scene accuracy and FD, decoded once per "
+                                                       "decoder (0 = skip)"),
               quality_decoders: Optional[str] = typer.Option(None, help="comma-separated specs to score for "
                                                              "quality (default: all of --decoders)"),
-              fidelity_n: int = typer.Option(256, help="eval prompts for the NLL gap to ar (0 = skip)"),
+              fidelity_n: int = typer.Option(256, help="eval prompts for the NLL gap to ar, decoded once per "
+                                                       "decoder (0 = skip)"),
               quality_batch: int = typer.Option(64, help="batch size of the quality and fidelity decodes (not "
                                                          "timed; on a CPU speculation is cheapest at 16)"),
               tolerance: float = typer.Option(0.15, help="allowed |NLL gap| in nats/token (95% interval)"),
               json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
               html: Optional[Path] = typer.Option(None, "--html", help="write a standalone HTML report here"),
-              device_type: str = typer.Option("cpu", help="price row in infra/prices.csv for $ per 1k images "
+              device_type: str = typer.Option("cpu", help="price row of the price table for $ per 1k images "
                                                           "(cpu = per vCPU x torch threads; a GPU type = 1 GPU)"),
               device: str = DEVICE, dtype: str = DTYPE,
               seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
               model: Optional[str] = MODEL):
     """Compare decoders side by side: forwards, time, cost, quality and fidelity, speedups measured in this
-    run. The decoders share one sampling setting (give cfg, temperature, top_k, top_p in each spec)."""
+    run, in interleaved rounds with 95% intervals, an AR-against-AR noise floor and a verdict. The decoders
+    share one sampling setting (give cfg, temperature, top_k, top_p in each spec).
+
+    What it decodes: (decoders + an AR control) x batch sizes x --rounds x --n images for speed, plus --quality-n
+    and --fidelity-n images per decoder. The defaults (ar,sjd,csd at batch 1, 64 prompts, 3 rounds, quality 1024,
+    fidelity 256) decode about 4,900 images (768 timed): on 2 CPU cores, 30-60 minutes. For a quick look:
+    --n 8 --quality-n 0 --fidelity-n 0 (a minute or two)."""
     from ssdgen.bench.decode import bench, check_args, resolve_device
     specs = specs_of(decoders)
     sizes = _batch_sizes(batch_sizes)
@@ -115,12 +140,14 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd",
                          f"got {n}, {quality_n} and {fidelity_n}")
     if quality_batch < 1:
         raise ValueError(f"--quality-batch must be >= 1, got {quality_batch}")
+    if rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {rounds}")
     check_args(specs, sizes)  # all argument errors before the model loads
     chosen = specs_of(quality_decoders) if quality_decoders else None
     resolve_device(device, device_type)
     res = bench(model_on(model, device, dtype), specs, n, sizes, quality_n, seed=seed, log=typer.echo,
                 device_type=device_type, quality_decoders=chosen, fidelity_n=fidelity_n, tolerance=tolerance,
-                quality_batch=quality_batch)
+                quality_batch=quality_batch, rounds=rounds)
     samples = res.pop("samples", None)  # images: for the page, not the JSON
     _echo_bench(res)
     if json_path:
@@ -326,8 +353,8 @@ def eval_cmd(decoder: str = DECODER, n: int = typer.Option(1024, help="eval prom
 
 @app.command("eval-heads")
 @friendly
-def eval_heads(heads: str = typer.Option("reference/weights/heads,reference/weights/heads-token",
-                                         help="comma-separated heads paths (without suffix)"),
+def eval_heads(heads: Optional[str] = typer.Option(None, help="comma-separated heads paths (without suffix); "
+                                                         "default: the bundled model's heads and heads-token"),
                n: int = typer.Option(64, help="eval prompts"),
                batch_size: int = typer.Option(64, help="prompts per teacher-forced forward"),
                seed: int = typer.Option(0, help="added to each eval prompt's own seed"),
@@ -340,8 +367,11 @@ def eval_heads(heads: str = typer.Option("reference/weights/heads,reference/weig
     from ssdgen.decoders import load_heads
     from ssdgen.decoders.ssd_train import chain_acceptance, draft_acceptance
     from ssdgen.reference.prompts import eval_prompts
+    from ssdgen.reference.weights import DEFAULT_DIR
     if depth < 1:  # its upper bound depends on the model's grid (chain_acceptance)
         raise ValueError(f"--depth must be >= 1, got {depth}")
+    # the installed package's heads, never a path relative to the working folder
+    heads = heads or ",".join(str(Path(DEFAULT_DIR) / name) for name in ("heads", "heads-token"))
     m = model_on(model, device, dtype)
     sc = sampling_of(cfg, 1.0, 0, 1.0)
     rows = eval_prompts(n)

@@ -121,6 +121,7 @@ class SpeedTally:
         self.batches, self.seconds, self.n = 0, 0.0, 0
         self.round_seconds: list[float] = []
         self.round_images: list[int] = []
+        self.planned: dict | None = None  # a calibrated spec's plan columns at this batch size (bench._calibrate)
 
     def new_round(self) -> None:
         self.round_seconds.append(0.0)
@@ -269,7 +270,6 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
     timed batches decode by the resolved spec. `price`: a flows.cost.Price (default: `device_type`'s row).
     `quality_decoders`: the decoder specs to score for quality (default: all); lossless decoders sample AR's
     distribution by construction (tested exactly and statistically), so a run may spend its time elsewhere."""
-    from ssdgen.bench import noise
     from ssdgen.bench.load import LoadMonitor
     from ssdgen.reference.prompts import eval_prompts
     sc = check_args(specs, batch_sizes)
@@ -278,8 +278,7 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
     dev, price, devices = resolve_device(str(getattr(model, "device", "cpu")), device_type, price)
     monitor = LoadMonitor(torch.get_num_threads())
     monitor.idle_check()
-    ar = DecodeSpec("ar", (), sc)
-    named = row_names(specs, ar)
+    named = row_names(specs, DecodeSpec("ar", (), sc))
     decs = list(dict.fromkeys(spec for _, spec, _ in named))  # each spec once: heads, plans, quality, fidelity
     heads = {spec: heads_for(spec, model) for spec in decs}  # loaded once; missing heads fail before any decode
     rows_ = eval_prompts(n)
@@ -290,48 +289,65 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
             run(resolve(spec, model, prompts[:1], seeds[:1], 1, heads.get(spec))[0], model, prompts[:1], seeds[:1],
                 heads.get(spec))
         _sync(model)
-    tallies, planned = [], {}
-    for bs in batch_sizes:
-        if bs > n:
-            log(f"note: batch {bs} > --n {n}: its batches hold all {n} prompts, as batch {n} would")
-        plans = {spec: _calibrate(model, spec, prompts, seeds, bs, heads.get(spec)) for spec in decs}
-        for name, spec, role in named:
-            tallies.append(SpeedTally(model, name, spec, bs, role, plans[spec][0], heads.get(spec)))
-            planned[(name, bs)] = plans[spec][1]
+    tallies = _cells(model, named, decs, heads, prompts, seeds, batch_sizes, log)
     monitor.mark("calibration")
     log(f"timing {len(tallies)} cells ({len(named) - 1} decoders and an AR control x {len(batch_sizes)} batch "
         f"sizes) in {rounds} interleaved rounds of {n} prompts each")
     time_rounds(tallies, prompts, seeds, rounds, monitor, progress)
-    all_rows = [t.row() | (planned[(t.name, t.batch_size)] or {}) for t in tallies]
+    rows, floor = _speed_rows(tallies, price, devices, log)
+    if quality_n:
+        _add_quality(model, decs, rows, quality_decoders, quality_n, quality_batch, seed, log)
+    samples = _add_fidelity(model, decs, rows, fidelity_n, quality_batch, seed, tolerance, log) \
+        if fidelity_n else None
+    from ssdgen.bench import noise
+    best = noise.best_batches(rows, floor["floor"] or 0.0)
+    return {"model": model.name, "device": device_label(dev), "torch_device": str(dev),
+            "device_type": price.device_type, "devices": devices, "threads": torch.get_num_threads(),
+            "price": dataclasses.asdict(price), "model_info": model_info(model),
+            "date": dt.date.today().isoformat(), "sampling": sc.__dict__, "rounds": rounds, "n": n,
+            "verdict": noise.verdict(rows, best, floor["floor"] or 0.0), "load": monitor.report(), "noise": floor,
+            "best": best, "rows": rows} \
+        | ({"samples": samples, "fidelity_n": fidelity_n, "tolerance": tolerance} if fidelity_n else {})
+
+
+def _cells(model, named, decs, heads, prompts, seeds, batch_sizes, log) -> list[SpeedTally]:
+    """A tally per (batch size, named row), each decoding as its spec resolves at that batch size (`_calibrate`,
+    once per spec and batch size), its plan's columns kept for the row."""
+    tallies = []
+    for bs in batch_sizes:
+        if bs > len(prompts):
+            log(f"note: batch {bs} > --n {len(prompts)}: its batches hold all {len(prompts)} prompts, as batch "
+                f"{len(prompts)} would")
+        plans = {spec: _calibrate(model, spec, prompts, seeds, bs, heads.get(spec)) for spec in decs}
+        for name, spec, role in named:
+            t = SpeedTally(model, name, spec, bs, role, plans[spec][0], heads.get(spec))
+            t.planned = plans[spec][1]
+            tallies.append(t)
+    return tallies
+
+
+def _speed_rows(tallies: list[SpeedTally], price, devices: int, log) -> tuple[list[dict], dict]:
+    """(the rows, the noise block with the control's rows): medians, intervals, $ and the ratios (bench/noise.py);
+    a row its plan decoded as plain AR is labelled."""
+    from ssdgen.bench import noise
+    all_rows = [t.row() | (t.planned or {}) for t in tallies]
     for row in all_rows:
         row["planned_as_ar"] = row.get("plan_choice") == "ar"
         if row["planned_as_ar"]:
             row["planned_as"] = "= ar (plan)"
     rows = [r for r in all_rows if r["role"] != "control"]
     control = [r for r in all_rows if r["role"] == "control"]
-    floor = noise.noise_floor(all_rows, control) if rounds > 1 else {"floor": None, "by_batch": []}
+    floor = noise.noise_floor(all_rows, control) if control[0]["rounds"] > 1 else {"floor": None, "by_batch": []}
     per_s = devices * price.on_demand_usd_per_hour / 3.6
     spot = None if price.spot_usd_per_hour is None else devices * price.spot_usd_per_hour / 3.6
     noise.add_cell_stats(all_rows, floor["floor"] or 0.0, per_s, spot)
     for row in all_rows:
         row["device_seconds_per_image"] = row["seconds_per_image"] * devices
         log(f"speed  {row['decoder']:<28} batch {row['batch_size']:>3}: {row['forwards_per_image']:.1f} "
-            f"forwards/image, {row['images_per_s']:.3g} images/s {noise._iv(row['images_per_s_ci'])}"
+            f"forwards/image, {row['images_per_s']:.3g} images/s {noise.fmt_interval(row['images_per_s_ci'])}"
             + (f" {row['planned_as']}" if row.get("planned_as") else ""))
     floor["control"] = control
-    if quality_n:
-        _add_quality(model, decs, rows, quality_decoders, quality_n, quality_batch, seed, log)
-    samples = _add_fidelity(model, decs, rows, fidelity_n, quality_batch, seed, tolerance, log) \
-        if fidelity_n else None
-    load = monitor.report()
-    best = noise.best_batches(rows, floor["floor"] or 0.0)
-    return {"model": model.name, "device": device_label(dev), "torch_device": str(dev),
-            "device_type": price.device_type, "devices": devices, "threads": torch.get_num_threads(),
-            "price": dataclasses.asdict(price), "model_info": model_info(model),
-            "date": dt.date.today().isoformat(), "sampling": sc.__dict__, "rounds": rounds, "n": n,
-            "verdict": noise.verdict(rows, best, floor["floor"] or 0.0), "load": load, "noise": floor,
-            "best": best, "rows": rows} \
-        | ({"samples": samples, "fidelity_n": fidelity_n, "tolerance": tolerance} if fidelity_n else {})
+    return rows, floor
 
 
 def _calibrate(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], batch: int,

@@ -144,10 +144,10 @@ def verdict(rows: list[dict], best: list[dict], floor: float) -> dict:
             ties.append({"decoder": b["decoder"], "batch_size": b["batch_size"], "ratio": med, "ratio_ci": _ci(lo, hi)})
     planned_ar = sorted({r["decoder"] for r in rows if r.get("planned_as_ar")})
     text = (f"cheapest: {top['decoder']} at batch {top['batch_size']}, ${_g(top['usd_per_1k_images'])} per 1k "
-            f"images {_iv(top.get('usd_per_1k_images_ci'))}, {_g(top['images_per_s'])} images/s "
-            f"{_iv(top.get('images_per_s_ci'))}")
+            f"images {fmt_interval(top.get('usd_per_1k_images_ci'))}, {_g(top['images_per_s'])} images/s "
+            f"{fmt_interval(top.get('images_per_s_ci'))}")
     text += ("; cannot be told apart from it: " + ", ".join(
-        f"{t['decoder']} at batch {t['batch_size']} ({_g(t['ratio'])}x {_iv(t['ratio_ci'])})" for t in ties)
+        f"{t['decoder']} at batch {t['batch_size']} ({_g(t['ratio'])}x {fmt_interval(t['ratio_ci'])})" for t in ties)
         if ties else "; every other configuration is measurably slower")
     if planned_ar:
         text += f"; planned as plain AR (not ranked there): {', '.join(planned_ar)}"
@@ -160,5 +160,5 @@ def _g(v: float) -> str:
     return f"{v:.4g}"
 
 
-def _iv(ci) -> str:
+def fmt_interval(ci) -> str:
     return "[no interval: one round]" if not ci else f"[{_g(ci[0])}, {_g(ci[1])}]"

@@ -8,14 +8,16 @@ attempts are never read. No model, no Prefect, no Ray.
 The page: the run's settings and counts; a sample grid of images with their prompts; acceptance heatmaps
 (each image beside itself tinted by the stored `commit_map`: one colour per commit code) and the mean
 acceptance per token position over all images; histograms of forwards per image and acceptance rate; the
-cost table (`flows.cost.cost_table` on summary.json, or on the markers when the run has no summary yet);
-failed samples with their messages and failed shards.
+cost table (`flows.cost.cost_table` on summary.json, or on the markers when the run has no summary yet; at the
+price the run recorded, or recomputed at the user's --prices / --usd-per-hour);
+failed samples counted by reason and by message, one by one, and failed shards.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ import numpy as np
 from ssdgen.decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
 from ssdgen.flows.layout import plan_words
 from ssdgen.flows.reader import read_run
+from ssdgen.workers.results import UNRECORDED
 
 from . import plots
 
@@ -118,23 +121,32 @@ def _tile(png: bytes, caption: str, extra: str = "") -> str:
     return f'<div class="tile">{png and plots.img_tag(png, caption)}{extra}<div>{plots.esc(caption)}</div></div>'
 
 
-def _cost(run: dict) -> tuple[list[dict], str]:
-    from ssdgen.flows.cost import cost_table, price_for, run_summary
+def _cost(run: dict, prices: dict) -> tuple[list[dict], str]:
+    """The cost table and a note saying what it is from; at the user's `prices` (price_from's keyword
+    arguments) when given, else at the run's recorded price."""
+    from ssdgen.flows.cost import cost_table, price_words, reprice, run_summary
+    from ssdgen.flows.reader import view_price
     s = run["summary"]
     if s and s.get("price"):
-        return cost_table(s), "from summary.json"
+        if not any(v is not None for v in prices.values()):
+            return cost_table(s), "from summary.json"
+        price, _ = view_price(None, s["price"]["device_type"], **prices)
+        return cost_table(reprice(s, price)), (f"from summary.json, recomputed at your price; the run was costed "
+                                               f"at {price_words(s['price'])}")
     markers = run["markers"]
     types = {m.device_type for m in markers.values()}
     if markers and len(types) == 1:
         recs = [markers[k] for k in sorted(markers)]
-        s = run_summary([m.to_dict() for m in recs], price_for(types.pop()), wall_s=sum(m.wall_s for m in recs))
-        return cost_table(s), "so far, from the commit markers (this run has no summary.json yet)"
+        price, given = view_price(run.get("price"), types.pop(), **prices)
+        s = run_summary([m.to_dict() for m in recs], price, wall_s=sum(m.wall_s for m in recs))
+        return cost_table(s), ("so far, from the commit markers (this run has no summary.json yet)"
+                               + (", at your price" if given else ""))
     return [], "no summary.json and no markers with one device type: no cost table"
 
 
-def build_html(run: dict, samples: int = 24) -> str:
+def build_html(run: dict, samples: int = 24, prices: dict | None = None) -> str:
     """The page: header, plan and damage notes, then one section per part (samples, heatmaps, histograms, cost,
-    failures)."""
+    failures); the cost at the user's `prices` (flows.cost.price_from's keyword arguments) when given."""
     stats = run["stats"]
     ok = [r for r in stats if r["status"] == "ok"]
     bad = [r for r in stats if r["status"] != "ok"]
@@ -151,7 +163,7 @@ def build_html(run: dict, samples: int = 24) -> str:
                     "re-decodes them): " + "; ".join(plots.esc(str(d)) for d in run["damaged"][:10]) + "</p>")
     shown = [im for im in run["images"] if im["image"] is not None][:samples]
     body += _samples(shown, len(ok)) + _heatmaps(shown, stats, len(ok)) + _histograms(ok)
-    rows, note = _cost(run)
+    rows, note = _cost(run, prices or {})
     body.append(f"<h2>Cost</h2><p class=\"meta\">{plots.esc(note)}</p>")
     if rows:
         body.append(plots.table(rows, [("metric", "metric"), ("value", "value")], left=("metric", "value")))
@@ -211,21 +223,30 @@ def _failures(bad: list[dict], run: dict) -> list[str]:
         body.append("<p>None: every sample of every committed shard succeeded.</p>")
     if bad:
         prompts = {im["prompt_id"]: im["prompt"] for im in run["images"]}
+        body.append(f"<p>{len(bad)} failed samples; by reason:</p>")
+        body.append(plots.table([{"reason": k, "count": v} for k, v in errors_by_reason(bad).items()],
+                                [("count", "samples"), ("reason", "reason")], left=("reason",)))
         by_msg: dict[str, int] = {}
         for r in bad:
             by_msg[r["error"] or "?"] = by_msg.get(r["error"] or "?", 0) + 1
-        body.append(f"<p>{len(bad)} failed samples; by message:</p>")
+        body.append("<p>by message:</p>")
         body.append(plots.table([{"error": k, "count": v} for k, v in sorted(by_msg.items(), key=lambda kv: -kv[1])],
                                 [("count", "samples"), ("error", "message")], left=("error",)))
         body.append(plots.table([{"prompt_id": r["prompt_id"], "prompt": _short(prompts.get(r["prompt_id"])),
-                                  "error": r["error"]} for r in bad[:200]],
-                                [("prompt_id", "prompt_id"), ("prompt", "prompt"), ("error", "error")],
-                                left=("prompt_id", "prompt", "error")))
+                                  "reason": r.get("error_reason") or UNRECORDED, "error": r["error"]}
+                                 for r in bad[:200]],
+                                [("prompt_id", "prompt_id"), ("prompt", "prompt"), ("reason", "reason"),
+                                 ("error", "error")], left=("prompt_id", "prompt", "reason", "error")))
     if failed_shards:
         body.append(f"<p class=\"err\">{len(failed_shards)} shards failed (not committed):</p>")
         body.append(plots.table([{"shard": k, "error": v} for k, v in failed_shards.items()],
                                 [("shard", "shard"), ("error", "error")], left=("error",)))
     return body
+
+
+def errors_by_reason(bad: list[dict]) -> dict[str, int]:
+    """Failed stats rows counted by error_reason, most first (a run from before reasons: "unrecorded")."""
+    return dict(Counter(r.get("error_reason") or UNRECORDED for r in bad).most_common())
 
 
 def _short(p, n: int = 120):
@@ -234,10 +255,15 @@ def _short(p, n: int = 120):
     return p if len(p) <= n else p[:n] + f"... ({len(p):,} chars)"
 
 
-def write_report(url: str, html_path, samples: int = 24) -> dict:
+def write_report(url: str, html_path, samples: int = 24, prices: str | None = None, usd_per_hour=None,
+                 spot_usd_per_hour=None) -> dict:
+    """Write the page; its cost at the run's recorded price, or at the user's (--prices, --usd-per-hour)."""
+    from ssdgen.flows.cost import check_price_options
     if samples < 1:
         raise ValueError(f"--samples must be >= 1, got {samples}")
+    price_options = {"prices": prices, "usd_per_hour": usd_per_hour, "spot_usd_per_hour": spot_usd_per_hour}
+    check_price_options(**price_options)  # a bad value fails before the run is read
     run = load_run(url, samples)
-    Path(html_path).write_text(build_html(run, samples), encoding="utf-8")
+    Path(html_path).write_text(build_html(run, samples, price_options), encoding="utf-8")
     ok = sum(r["status"] == "ok" for r in run["stats"])
     return {"shards": len(run["files"]), "images_ok": ok, "images_failed": len(run["stats"]) - ok}

@@ -8,6 +8,8 @@ position-indexed: feeding a sample from an earlier index is its rollback, and to
 A model with `tree_attention = True` (the reference model) also takes `step(..., tree=)`, a [B, S, S] mask of
 which entries each entry sees, and `copy_cache(src, dst, where)`, which moves cached keys and values between
 indices: proactive drafting's branches (decoders/branches.py) need both; the window loop refuses them elsewhere.
+A prompt the model cannot condition on is refused up front (`validate_prompts`) with a `PromptError`, whose
+`reason` code a run counts its error rows by.
 """
 
 from __future__ import annotations
@@ -26,6 +28,32 @@ class StepOutput:
     hidden_uncond: torch.Tensor | None = None  # [B, S, D] the unconditional branch's, None without CFG
 
 
+# Why a model refused a prompt, as short codes a run counts its error rows by (stats.parquet `error_reason`,
+# summary.json `errors_by_reason`); the message says the same for a person.
+EMPTY = "empty"  # nothing but whitespace
+NO_KNOWN_WORDS = "no_known_words"  # none of the model's words: another script, emoji, digits, punctuation only
+UNKNOWN_WORDS = "unknown_words"  # some words the model does not know
+TOO_LONG = "too_long"  # more tokens than the model takes
+GRAMMAR = "grammar"  # known words that the model's caption grammar does not parse
+INVALID_PROMPT = "invalid_prompt"  # a plain ValueError from a model that gives no reason of its own
+
+
+class PromptError(ValueError):
+    """A prompt the model cannot condition on: the message says what is wrong, `reason` is one short code."""
+
+    def __init__(self, message: str, reason: str = INVALID_PROMPT):
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self):  # pickled with its reason (a Ray actor may raise it to the driver)
+        return type(self), (str(self), self.reason)
+
+
+def prompt_error_reason(e: BaseException) -> str:
+    """The reason code of a refused prompt: a PromptError's own, else INVALID_PROMPT."""
+    return getattr(e, "reason", None) or INVALID_PROMPT
+
+
 class ImageTokenModel(Protocol):
     name: str
     grid: tuple[int, int]  # (rows, cols) of image tokens
@@ -33,7 +61,8 @@ class ImageTokenModel(Protocol):
     hidden_dim: int
 
     def validate_prompts(self, prompts: list[str]) -> None:
-        """Raise ValueError naming the prompt and the problem."""
+        """Raise ValueError naming the prompt and the problem (a PromptError with its reason code); an empty or
+        whitespace-only prompt is refused by every model."""
 
     def start(self, prompts: list[str], use_cfg: bool) -> StepOutput:
         """Allocate caches for len(prompts) samples, prefill, return logits for index 0 ([B, 1, V])."""

@@ -52,6 +52,7 @@ class Marker:
     ok: int = 0
     failed: int = 0
     errors: dict = field(default_factory=dict)  # message -> count, the 10 most common
+    error_reasons: dict = field(default_factory=dict)  # error_reason -> count, every reason (none before it existed)
     wall_s: float = 0.0
     busy_s: float = 0.0
     load_s: float = 0.0

@@ -31,7 +31,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from ssdgen.decoders.protocol import StepOutput
+from ssdgen.decoders.protocol import EMPTY, TOO_LONG, PromptError, StepOutput
 
 
 class PromptEncoder(Protocol):
@@ -143,15 +143,16 @@ class HFImageAdapter:
     # ---------------------------------------------------------------- protocol
 
     def validate_prompts(self, prompts: list[str]) -> None:
+        """Any non-empty text in any language (the model's own tokenizer reads it) that fits its positions."""
         n = self.grid[0] * self.grid[1]
         image_len = self._offset(n - 1) + 2
         for i, p in enumerate(prompts):
             if not isinstance(p, str) or not p.strip():
-                raise ValueError(f"prompt {i}: empty prompt ({p!r})")
+                raise PromptError(f"prompt {i}: empty prompt ({p!r})", EMPTY)
             length = len(self._prompt_ids(p))
             if self.max_positions and length + image_len > self.max_positions:
-                raise ValueError(f"prompt {i}: {length} prompt tokens + {image_len} image positions exceed the "
-                                 f"model's {self.max_positions} positions")
+                raise PromptError(f"prompt {i}: {length} prompt tokens + {image_len} image positions exceed the "
+                                  f"model's {self.max_positions} positions", TOO_LONG)
 
     @torch.no_grad()
     def start(self, prompts: list[str], use_cfg: bool) -> StepOutput:

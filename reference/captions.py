@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import re
 
+from ssdgen.decoders.protocol import EMPTY, GRAMMAR, NO_KNOWN_WORDS, TOO_LONG, UNKNOWN_WORDS, PromptError
+
 from .scenes import BACKGROUNDS, BG_COLOURS, COLOURS, FILLS, POSITIONS, SHAPES, SIZES, Scene, SceneObject
 
 MAX_CAPTION_TOKENS = 36
 PAD, NULL = "<pad>", "<null>"
 
 
-class CaptionError(ValueError):
-    """A caption that cannot be encoded or parsed; the message says what is wrong."""
+class CaptionError(PromptError):
+    """A caption that cannot be encoded or parsed; the message says what is wrong, `reason` which rule it broke
+    (decoders/protocol.py's codes)."""
 
 
 def _grammar_words() -> list[str]:
@@ -30,7 +33,9 @@ def _grammar_words() -> list[str]:
 
 VOCAB: list[str] = [PAD, NULL] + _grammar_words()
 _INDEX = {w: i for i, w in enumerate(VOCAB)}
-_SPLIT = re.compile(r"[a-z]+|,")
+# any script's letters and digits make words (so "赤い" or "42" is named as unknown, not silently dropped);
+# other punctuation and symbols (emoji) are ignored
+_SPLIT = re.compile(r"[^\W_]+|,")
 
 
 def words(caption: str) -> list[str]:
@@ -38,16 +43,28 @@ def words(caption: str) -> list[str]:
     return _SPLIT.findall(caption.lower())
 
 
+def _named(unknown: list[str], most: int = 10) -> str:
+    """The first unknown words, so a long foreign-language prompt gives a short message."""
+    more = f" and {len(unknown) - most} more" if len(unknown) > most else ""
+    return f"{unknown[:most]}{more}"
+
+
 def encode(caption: str) -> list[int]:
     """Caption -> MAX_CAPTION_TOKENS ids, right-padded with <pad>."""
     if not isinstance(caption, str) or not caption.strip():
-        raise CaptionError("empty caption: describe at least one object, e.g. 'a large red circle at the center'")
+        raise CaptionError("empty caption: describe at least one object and the background, e.g. 'a large red "
+                           "circle at the center on a flat gray background'", EMPTY)
     ws = words(caption)
     unknown = sorted({w for w in ws if w not in _INDEX})
+    known = " ".join(VOCAB[2:])
+    if not any(w in _INDEX and w != "," for w in ws):  # the model would draw from an empty caption
+        named = f" (unknown words {_named(unknown)})" if unknown else ""
+        raise CaptionError(f"none of the reference model's words{named}; it knows only: {known}", NO_KNOWN_WORDS)
     if unknown:
-        raise CaptionError(f"unknown words {unknown}; the reference model knows only: {' '.join(VOCAB[2:])}")
+        raise CaptionError(f"unknown words {_named(unknown)}; the reference model knows only: {known}", UNKNOWN_WORDS)
     if len(ws) > MAX_CAPTION_TOKENS:
-        raise CaptionError(f"caption has {len(ws)} tokens; the reference model takes at most {MAX_CAPTION_TOKENS}")
+        raise CaptionError(f"caption has {len(ws)} tokens; the reference model takes at most {MAX_CAPTION_TOKENS}",
+                           TOO_LONG)
     ids = [_INDEX[w] for w in ws]
     return ids + [_INDEX[PAD]] * (MAX_CAPTION_TOKENS - len(ids))
 
@@ -73,17 +90,17 @@ def parse(caption: str) -> Scene:
     text = " ".join(words(caption)).replace(" ,", ",")
     m = _BG.match(text)
     if not m:
-        raise CaptionError(f"caption does not end in 'on a <kind> <colour> background': {caption!r}")
+        raise CaptionError(f"caption does not end in 'on a <kind> <colour> background': {caption!r}", GRAMMAR)
     body, bg, bgc = m.groups()
     parts = re.split(r", | and ", body)
     objs = []
     for part in parts:
         om = _OBJ.match(part)
         if not om:
-            raise CaptionError(f"cannot parse object phrase {part!r} in {caption!r}")
+            raise CaptionError(f"cannot parse object phrase {part!r} in {caption!r}", GRAMMAR)
         size, fill, colour, shape, pos = om.groups()
         objs.append(SceneObject(shape, colour, size, fill or "plain", POSITIONS.index(pos)))
     cells = [o.cell for o in objs]
     if len(set(cells)) != len(cells):
-        raise CaptionError(f"two objects share a position in {caption!r}")
+        raise CaptionError(f"two objects share a position in {caption!r}", GRAMMAR)
     return Scene(tuple(objs), bg, bgc, 0)

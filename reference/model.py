@@ -48,11 +48,14 @@ class ReferenceModel:
         self._batch = 0
 
     def validate_prompts(self, prompts: list[str]) -> None:
+        """Only captions the model can draw: every word known (encode) and the caption grammar's sentence (parse);
+        anything else would be drawn from a partial or empty caption. Raises CaptionError with its reason."""
         for i, p in enumerate(prompts):
             try:
                 cap.encode(p)
+                cap.parse(p)
             except cap.CaptionError as e:
-                raise cap.CaptionError(f"prompt {i}: {e}") from None
+                raise cap.CaptionError(f"prompt {i}: {e}", e.reason) from None
 
     @torch.no_grad()
     def start(self, prompts: list[str], use_cfg: bool) -> StepOutput:

@@ -173,8 +173,12 @@ def test_start_and_step_shapes(adapter):
 
 def test_validate_prompts_names_the_index(adapter):
     adapter.validate_prompts(PROMPTS)
-    with pytest.raises(ValueError, match="prompt 1"):
-        adapter.validate_prompts(["fine", "  "])
+    # the model's own tokenizer reads any language: not refused as the closed-vocabulary reference model does
+    adapter.validate_prompts(["大きな赤い円、灰色の背景", "🔴🌈", "12345", "!!!"])
+    for blank in ("  ", "\t\n", ""):
+        with pytest.raises(ValueError, match="prompt 1: empty prompt") as e:
+            adapter.validate_prompts(["fine", blank])
+        assert e.value.reason == "empty"
 
 
 def test_decode_images(adapter):

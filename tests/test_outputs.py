@@ -52,7 +52,7 @@ def _shard(tmp_path, fmt="webp"):
     samples = {f"p{i}": Sample(f"p{i}", "ok", image=encode_image(_pixels(i, 16 + 8 * i), fmt, 90),
                                width=16 + 8 * i, height=16 + 8 * i, grid=(2, 2), tokens=[1, 2, 3, 4], latency_s=0.1)
                for i in range(2)}
-    samples["p2"] = Sample.failed("p2", "bad")
+    samples["p2"] = Sample.failed("p2", "bad", "grammar")
     images, _ = shard_tables(samples, rows, "ar", "tiny", fmt)
     out = Output(str(tmp_path / "run"))
     rec = out.write_table(out.path("shards", "000000", "attempt-x", "images.parquet"), images)

@@ -84,10 +84,43 @@ def test_bad_rows_become_error_rows_and_the_shard_commits(tmp_path):
     assert st["null"]["status"] == "error" and "null" in st["null"]["error"]
     assert "zeppelin" in st["unknown-words"]["error"]
     assert st["huge"]["status"] == "error" and "token" in st["huge"]["error"]
+    assert {k: st[k]["error_reason"] for k in ("null", "unknown-words", "huge")} == \
+        {"null": "bad_input", "unknown-words": "unknown_words", "huge": "too_long"}
+    assert s["errors_by_reason"] == {"bad_input": 1, "unknown_words": 1, "too_long": 1}
     assert all(st[r["prompt_id"]]["status"] == "ok" and st[r["prompt_id"]]["forwards"] == 256 for r in good)
     png = {r["prompt_id"]: r["image"] for r in images.to_pylist()}
     assert png["null"] is None and png[good[0]["prompt_id"]]["bytes"][:8] == b"\x89PNG\r\n\x1a\n"
     assert set(images.column("image_format").to_pylist()) == {"png"}
+
+
+def test_prompts_the_model_cannot_draw_are_error_rows_counted_by_reason(tmp_path):
+    """Issue #33: the reference model drew these from an empty or partial caption and committed them as ok."""
+    from ssdgen.bench.report import write_report
+    from ssdgen.flows.layout import SUMMARY, Output
+    from ssdgen.flows.reader import run_status
+    odd = {"japanese": ("大きな赤い円が中央にある", "no_known_words"), "emoji": ("🔴🟦🌈", "no_known_words"),
+           "digits": ("12345", "no_known_words"), "punctuation": ("!!! ... ???", "no_known_words"),
+           "whitespace": (" \t ", "empty"), "no-background": ("a large red circle at the center", "grammar")}
+    good = _prompts(2)
+    src, out = tmp_path / "p.parquet", str(tmp_path / "run")
+    _write(None, src, good + [{"prompt_id": k, "prompt": p} for k, (p, _) in odd.items()])
+    s = _run(prompts=[str(src)], out=out, shard_size=8, batch_size=8, actors=1)
+    assert (s["images_ok"], s["images_failed"]) == (2, 6)
+    _, stats = _committed(out)
+    st = {r["prompt_id"]: r for r in stats.to_pylist()}
+    for k, (_, reason) in odd.items():
+        assert (st[k]["status"], st[k]["error_reason"]) == ("error", reason), st[k]
+        assert st[k]["error"].startswith("invalid prompt: ")
+    assert all((st[r["prompt_id"]]["status"], st[r["prompt_id"]]["error_reason"]) == ("ok", None) for r in good)
+    by_reason = {"no_known_words": 4, "empty": 1, "grammar": 1}
+    assert s["errors_by_reason"] == by_reason and Output(out).read_json(SUMMARY)["errors_by_reason"] == by_reason
+    assert run_status(out)["errors_by_reason"] == by_reason
+    html = tmp_path / "report.html"
+    write_report(out, html)
+    text = html.read_text(encoding="utf-8")
+    assert "6 failed samples; by reason:" in text
+    for reason, n in by_reason.items():  # the report's by-reason table: samples, reason
+        assert f'<tr><td class="">{n}</td><td class="l">{reason}</td></tr>' in text
 
 
 def test_input_errors_name_the_file_and_commit_nothing(tmp_path, s3):

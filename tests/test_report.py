@@ -68,6 +68,7 @@ def test_report_is_standalone_and_has_every_section(run):
     assert FLAT in text
     assert "$ per 1k images on-demand" in text and "from summary.json" in text
     assert "zeppelin" in text and "1 failed samples" in text
+    assert '<tr><td class="">1</td><td class="l">unknown_words</td></tr>' in text  # counted by reason
 
 
 @pytest.mark.integration

@@ -17,7 +17,7 @@ from tiny import tiny_with_heads
 
 PROMPTS = ["a large red circle at the center on a flat gray background",
            "a small blue square at the top left on a wavy beige background",
-           "a green triangle at the bottom right on a flat slate background"]
+           "a small green triangle at the bottom right on a flat slate background"]
 SEEDS = [11, 12, 13]
 CALIBRATED = DecodeSpec.of("ssd+csd", None, SamplingConfig(cfg_scale=3.0))  # calibrated=true by default
 

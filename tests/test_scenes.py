@@ -1,5 +1,7 @@
 """Renderer and caption tokenizer: determinism, grammar round-trips, and clear errors on bad captions."""
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -38,15 +40,50 @@ def test_caption_parse_round_trip():
         assert cap.decode(ids) == s.caption
 
 
-@pytest.mark.parametrize("bad, match", [
-    ("", "empty caption"),
-    ("   ", "empty caption"),
-    ("a large magenta circle at the center on a flat gray background", r"unknown words \['magenta'\]"),
-    (" ".join(["a large red circle at the center"] * 6), "at most 36"),
+@pytest.mark.parametrize("bad, match, reason", [
+    ("", "empty caption", "empty"),
+    ("   ", "empty caption", "empty"),
+    ("a large magenta circle at the center on a flat gray background", r"unknown words \['magenta'\]",
+     "unknown_words"),
+    ("a large red circle at the center on a flat gray background 42", r"unknown words \['42'\]", "unknown_words"),
+    (" ".join(["a large red circle at the center"] * 6), "at most 36", "too_long"),
+    ("赤い円", r"none of the reference model's words \(unknown words \['赤い円'\]\)", "no_known_words"),
 ])
-def test_bad_captions_get_clear_errors(bad, match):
-    with pytest.raises(cap.CaptionError, match=match):
+def test_bad_captions_get_clear_errors(bad, match, reason):
+    with pytest.raises(cap.CaptionError, match=match) as e:
         cap.encode(bad)
+    assert e.value.reason == reason
+    assert pickle.loads(pickle.dumps(e.value)).reason == reason  # as a Ray actor would send it
+
+
+# what users sent the bundled model (issue #33): each was drawn from an empty or partial caption and marked ok
+ODD_PROMPTS = [
+    ("大きな赤い円が中央にある、灰色の背景", "no_known_words"),  # Japanese
+    ("🔴🟦🌈", "no_known_words"),  # emoji only: not even a word the tokenizer could name
+    ("12345", "no_known_words"),
+    ("!!! ... ???", "no_known_words"),
+    (", , ,", "no_known_words"),  # commas are in the vocabulary, but say nothing
+    (" \t\n ", "empty"),
+    ("a large red circle at the center", "grammar"),  # no background: it drew three circles
+    ("red circle center gray background", "grammar"),
+    ("a large red circle at the center and a small blue square at the center on a flat gray background", "grammar"),
+    ("a large red zeppelin at the center on a flat gray background", "unknown_words"),
+    ("a " * 40, "too_long"),
+]
+
+
+@pytest.mark.parametrize("prompt, reason", ODD_PROMPTS)
+def test_the_reference_model_refuses_prompts_it_cannot_draw_with_a_reason(ref_model, prompt, reason):
+    with pytest.raises(cap.CaptionError, match="^prompt 1: ") as e:
+        ref_model.validate_prompts([eval_prompts(1)[0]["prompt"], prompt])
+    assert e.value.reason == reason, str(e.value)
+    assert isinstance(e.value, ValueError)  # what the decoders and the worker catch
+
+
+def test_the_reference_model_accepts_every_bundled_and_eval_prompt(ref_model):
+    from ssdgen.reference.prompts import EXAMPLES_PATH
+    prompts = [r["prompt"] for r in eval_prompts()] + [r["prompt"] for r in load_jsonl(EXAMPLES_PATH)]
+    ref_model.validate_prompts(prompts + ["A Large RED circle at the center on a flat gray background."])
 
 
 def test_eval_set_is_fixed_balanced_and_versioned():

@@ -109,7 +109,8 @@ def test_the_stats_table_holds_the_waste_column(tiny):
     assert STATS_SCHEMA.field("tokens_fed").type.equals(pa.int32())
     st = decode("sjd", tiny, PROMPTS[:1], [0], CFG, {"window": 4}).stats[0]
     rows = [{"prompt_id": "p0", "prompt": PROMPTS[0], "seed": 0}, {"prompt_id": "p1", "prompt": PROMPTS[1], "seed": 1}]
-    samples = {"p0": Sample("p0", "ok", grid=tiny.grid, stats=st.to_row()), "p1": Sample.failed("p1", "boom")}
+    samples = {"p0": Sample("p0", "ok", grid=tiny.grid, stats=st.to_row()),
+               "p1": Sample.failed("p1", "boom", "decode_failed")}
     _, stats = shard_tables(samples, rows, "sjd", "tiny")
     assert stats.column("waste").to_pylist() == [st.waste, None]
     assert stats.column("tokens_fed").to_pylist() == [st.tokens_fed, None]

@@ -23,7 +23,7 @@ def _tables(shard, n=3, fmt="webp", failed=(2,)):
     stats = {"forwards": 7, "acceptance_rate": 0.5, "tokens_per_forward": 2.0, "tokens_per_forward_hist": [1, 2],
              "commit_map": [0, 1], "mean_entropy": 1.5, "relaxed": 0}
     from ssdgen.workers.results import Sample
-    samples = {r["prompt_id"]: Sample.failed(r["prompt_id"], "bad") if i in failed else
+    samples = {r["prompt_id"]: Sample.failed(r["prompt_id"], "bad", "grammar") if i in failed else
                Sample(r["prompt_id"], "ok", image=encode_image(pixels, fmt, 90), width=16, height=16, grid=(2, 2),
                       tokens=[1, 2, 3, 4], stats=stats | {"forwards": 7 + i}, latency_s=0.1)
                for i, r in enumerate(rows)}

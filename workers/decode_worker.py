@@ -21,7 +21,7 @@ import os
 import time
 import numpy as np
 
-from .results import BatchResult, Sample
+from .results import BAD_INPUT, DECODE_FAILED, BatchResult, Sample
 from .settings import WorkerSettings
 
 
@@ -184,20 +184,22 @@ class DecodeWorker:
         -> a BatchResult (workers/results.py): the samples keyed by prompt_id; busy_s leaves out the audit (see
         `_audit`); load_s is this incarnation's model load on its first batch, else 0, and `worker` says where it
         ran: the flow needs no extra call per shard to learn either."""
+        from ssdgen.decoders.protocol import prompt_error_reason
         self._use_spec(spec)
         t0 = time.perf_counter()
         out: dict[str, Sample] = {}
         good = []
         for r in rows:
             if r.get("error"):
-                out[r["prompt_id"]] = Sample.failed(r["prompt_id"], r["error"])
+                out[r["prompt_id"]] = Sample.failed(r["prompt_id"], r["error"], BAD_INPUT)
                 continue
             try:
                 self.model.validate_prompts([r["prompt"]])
                 good.append(r)
-            except ValueError as e:  # CaptionError and friends: a bad prompt, not a bad batch
+            except ValueError as e:  # PromptError and friends: a bad prompt, not a bad batch
                 out[r["prompt_id"]] = Sample.failed(r["prompt_id"],
-                                                    f"invalid prompt: {str(e).removeprefix('prompt 0: ')}")
+                                                    f"invalid prompt: {str(e).removeprefix('prompt 0: ')}",
+                                                    prompt_error_reason(e))
         groups = [good] if good else []
         try:
             for g in groups:
@@ -208,7 +210,8 @@ class DecodeWorker:
                 try:
                     self._decode_group([r], out)
                 except Exception as e:  # noqa: BLE001
-                    out[r["prompt_id"]] = Sample.failed(r["prompt_id"], f"decoding failed: {type(e).__name__}: {e}")
+                    out[r["prompt_id"]] = Sample.failed(r["prompt_id"], f"decoding failed: {type(e).__name__}: {e}",
+                                                        DECODE_FAILED)
         self._sync()
         busy = time.perf_counter() - t0  # the audit below is not the images' work: it is timed on its own
         audit, audit_s = self._audit(rows, out)

@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# error_reason codes of the rows the pipeline itself fails; a refused prompt's come from the model
+# (decoders/protocol.py: empty, no_known_words, unknown_words, too_long, grammar, invalid_prompt)
+BAD_INPUT = "bad_input"  # the input row itself: a null prompt, invalid UTF-8 (flows.plan)
+DECODE_FAILED = "decode_failed"  # the decoder raised on this sample
+UNRECORDED = "unrecorded"  # a row that failed with no reason recorded: a run from before reasons existed
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -23,14 +29,15 @@ class Sample:
     grid: tuple[int, int] | None = None  # (rows, columns) of tokens
     stats: dict | None = None  # decoders.sample_stats.SampleStats.to_row()
     latency_s: float = 0.0  # this sample's share of its decode call
+    error_reason: str | None = None  # a short code for why it failed, counted by the run's summary
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
 
     @classmethod
-    def failed(cls, prompt_id: str, message: str) -> "Sample":
-        return cls(prompt_id, "error", message)
+    def failed(cls, prompt_id: str, message: str, reason: str) -> "Sample":
+        return cls(prompt_id, "error", message, error_reason=reason)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test lint install install-dev clean
+.PHONY: demo test lint wheel-smoke install install-dev clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,11 @@ test: install-dev
 
 lint: install-dev
 	$(BIN)/ruff check .
+
+# the built wheel in a fresh venv, run from an empty folder: package data complete, nothing read from the
+# checkout (infra/wheel-smoke.sh; about 2 minutes, 1 of them installing)
+wheel-smoke: install-dev
+	infra/wheel-smoke.sh
 
 clean:
 	rm -rf $(VENV) out .prefect_home .pytest_cache

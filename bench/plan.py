@@ -80,9 +80,8 @@ def run(rows: int = 10_000_000, files: int = 100, workdir: str | os.PathLike | N
     write_data(path, rows, files)
     write_seconds = time.perf_counter() - t0
 
-    root = Path(__file__).resolve().parent.parent  # so the child imports this checkout's flows
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(SHARD_SIZE)], cwd=root, env=env,
+    # this interpreter imports ssdgen as installed (a wheel or `pip install -e .`): no checkout on the path
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(SHARD_SIZE)],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"planning subprocess failed (exit {proc.returncode}): {proc.stderr[-2000:]}")

@@ -35,6 +35,8 @@ def run(sides=SIDES, n_prompts: int = 8, reference_bench: str | None = None, plo
     from ssdgen.decoders.spec import DecodeSpec
     from ssdgen.decoders.ssd_train import DistillConfig, train_heads
     from ssdgen.reference.tiny import tiny_model
+    if reference_bench and not Path(reference_bench).is_file():  # checked before minutes of training
+        raise FileNotFoundError(f"{reference_bench}: no such bench JSON (--reference-bench)")
     specs = [DecodeSpec.parse(d) for d in DECODERS]
     sc = specs[0].sampling
     prompts = (PROMPTS * n_prompts)[:n_prompts]
@@ -57,7 +59,7 @@ def run(sides=SIDES, n_prompts: int = 8, reference_bench: str | None = None, plo
         x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
         slopes[dec] = float(np.polyfit(x, y, 1)[0])
     ref = None
-    if reference_bench and Path(reference_bench).exists():
+    if reference_bench:
         b = json.loads(Path(reference_bench).read_text())
         ref = [{"side": 16, "decoder": r["decoder"], "forwards_per_image": r["forwards_per_image"]}
                for r in b["rows"] if r["batch_size"] == 1]

@@ -5,7 +5,18 @@ ssdgen.decoders < ssdgen.reference < ssdgen.models < ssdgen.workers < ssdgen.flo
 From Python, `ssdgen.open_run(URL)` reads a run's committed output and `ssdgen.export(URL, DIR, fmt)` copies it
 into a flat folder (flows/reader.py, flows/export.py)."""
 
+import os as _os
+
 __all__ = ["open_run", "export", "committed_shards"]
+
+# Quiet and offline by default, on every entry point (the CLI, `import ssdgen...` from Python, `ssdgen serve`,
+# the Ray actors and Prefect's flow-run processes all import this package first): Prefect's temporary server
+# would send a usage heartbeat (offline: a red "Failed to send telemetry" line; with two runs at once, its
+# database-lock tracebacks), Prefect's client prints a usage-data banner on a terminal, and Ray reports usage
+# stats. setdefault: a user who sets any of these (e.g. DO_NOT_TRACK=0) keeps their choice.
+QUIET_DEFAULTS = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+for _name, _value in QUIET_DEFAULTS.items():
+    _os.environ.setdefault(_name, _value)
 
 
 def __getattr__(name: str):

@@ -210,6 +210,17 @@ def test_no_default_output_path_writes_into_the_repository():
         assert r.exit_code == 2 and "Missing option '--out'" in r.output, path
 
 
+def test_no_default_input_path_reads_from_the_checkout():
+    # an installed wheel has no checkout around it (issue #33): a default such as reference/weights/vq.safetensors
+    # worked only from the repository's root; bundled files are found from the package instead
+    repo = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")} - {"out", "runs"}
+    inside = [(" ".join(path), p.name, p.default) for path, cmd in commands() for p in cmd.params
+              if p.name not in OUTPUTS and isinstance(p.default, (str, Path))
+              and any("/" in part and Path(part.strip()).parts[0] in repo  # a path, not a name like `reference`
+                      for part in str(p.default).split(","))]
+    assert inside == []
+
+
 def test_generate_and_serve_take_every_run_setting_from_the_settings_class():
     """The options are made from RunSettings' fields (ssdgen/cli/run_options.py): every field is an option of both
     commands, with the field's description as its help, and nothing else is a setting there."""

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from ssdgen import QUIET_DEFAULTS
 from ssdgen.reference.prompts import eval_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,9 +115,11 @@ def test_ssdgen_serve_deployment_runs_on_request(tmp_path):
     out = tmp_path / "renders" / "{date}"
     cron = "0 0 1 1 *"  # once a year: nothing fires by itself during the test
     _ensure_gcl("ssdgen-test-serve", 4)
+    # no analytics switches in its environment: ssdgen's own defaults must keep serve and its runs quiet
+    env = {k: v for k, v in _env().items() if k not in QUIET_DEFAULTS}
     proc = Background([str(BIN / "ssdgen"), "serve", "--prompts", str(src), "--out", str(out), "--cron", cron,
                        "--name", "test-serve", "--decoder", "ar", "--actors", "1", "--shard-size", "2",
-                       "--batch-size", "2", "--cluster-limit", "ssdgen-test-serve"], _env(), tmp_path / "serve.log")
+                       "--batch-size", "2", "--cluster-limit", "ssdgen-test-serve"], env, tmp_path / "serve.log")
     try:
         dep = _wait_for_deployment("ssdgen-generate/test-serve", proc)
         settings = dep.parameters["settings"]  # one nested parameter, as infra/prefect.yaml passes it
@@ -137,6 +140,7 @@ def test_ssdgen_serve_deployment_runs_on_request(tmp_path):
             assert c.read_global_concurrency_limit_by_name("ssdgen-test-serve").active_slots == 0
     finally:
         proc.stop()
+    assert "telemetry" not in (tmp_path / "serve.log").read_text(errors="replace").lower()
 
 
 @pytest.mark.integration

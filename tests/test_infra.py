@@ -29,7 +29,8 @@ def _deployments() -> list[dict]:
 def test_there_are_the_expected_infra_files():
     names = {p.name for p in INFRA.iterdir()}
     assert {"prefect.yaml", "kuberay-raycluster.yaml", "ray-cluster.yaml", "prefect-worker.yaml", "Dockerfile",
-            "prices.csv"} <= names
+            "wheel-smoke.sh"} <= names
+    assert "prices.csv" not in names  # package data now (flows/prices.csv): a second copy here would drift
 
 
 def _no_inline_secrets(containers: list[dict]) -> None:
@@ -189,7 +190,7 @@ def test_dockerfile_installs_the_project_as_the_makefile_does_for_runtime():
 
 def test_prices_load_and_cover_every_device_type_the_deployments_use():
     from ssdgen.flows.cost import load_prices
-    prices = load_prices(INFRA / "prices.csv")
+    prices = load_prices()  # the shipped table, flows/prices.csv
     used = {dep["parameters"]["settings"].get("device_type", "cpu") for dep in _deployments()}
     assert used <= set(prices), used - set(prices)
     for dep in _deployments():

@@ -12,6 +12,21 @@ import typer
 from ssdgen.cli.options import DECODER, MODEL, SPEC_HELP, friendly, model_on, spec_of
 
 app = typer.Typer()
+# the bundled model's VQ by default: found in the installed package, never relative to the working folder
+VQ = typer.Option(None, help="VQ-VAE weights (default: the bundled model's)")
+
+
+def _load_vq(vq: Path | None):
+    """The VQ-VAE at `vq` (default: the bundled one), in eval mode."""
+    from safetensors.torch import load_file
+    from ssdgen.reference.vqvae import VQVAE, VQConfig
+    from ssdgen.reference.weights import DEFAULT_DIR
+    vq = vq or Path(DEFAULT_DIR) / "vq.safetensors"
+    if not vq.is_file():
+        raise FileNotFoundError(f"{vq}: no VQ-VAE weights (run `ssdgen dev train-reference` first)")
+    vqm = VQVAE(VQConfig())
+    vqm.load_state_dict(load_file(vq), strict=True)
+    return vqm.eval()
 
 
 @app.command("bench-plan")
@@ -48,8 +63,9 @@ def bench_pipeline_cmd(n: int = typer.Option(128, help="prompts"),
 @friendly
 def bench_scaling_cmd(sides: str = typer.Option("8,16,32", help="grid sides n"),
                       n: int = typer.Option(8, help="prompts per grid side"),
-                      reference_bench: Optional[str] = typer.Option("docs/results/bench_main.json",
-                                                                    help="bench JSON of the trained 16x16 model"),
+                      reference_bench: Optional[str] = typer.Option(
+                          None, help="bench JSON of the trained 16x16 model, drawn at n = 16 (the docs' plot takes "
+                                     "a checkout's docs/results/bench_main.json)"),
                       plot: Optional[Path] = typer.Option(None, help="write the log-log plot (PNG) here"),
                       json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
     """SSD's scaling claim: forwards per image against grid side n, with a log-log plot."""
@@ -113,20 +129,14 @@ def train_reference(out: Path = typer.Option(..., help="bundle directory to writ
 def train_scorer(out: Path = typer.Option(..., help="scorer weights file to write (reference/weights/"
                                                    "scorer.safetensors replaces the shipped one)"),
                  steps: int = typer.Option(3000, help="optimiser steps"),
-                 vq: Path = typer.Option(Path("reference/weights/vq.safetensors"), help="VQ-VAE weights"),
+                 vq: Optional[Path] = VQ,
                  device: str = typer.Option("cpu", help="torch device, e.g. cuda"),
                  workers: int = typer.Option(2, help="data-loader processes rendering the training images"),
                  n_images: int = typer.Option(48_000, help="training renders"),
                  batch: int = typer.Option(128, help="images per optimiser step")):
     """Train the scene-accuracy / FD feature network on renders and the reference VQ's reconstructions."""
-    from safetensors.torch import load_file
     from ssdgen.reference.scorer import save_scorer, train_scorer as run
-    from ssdgen.reference.vqvae import VQVAE, VQConfig
-    if not vq.exists():
-        raise FileNotFoundError(f"{vq}: no VQ-VAE weights (run `ssdgen dev train-reference` first)")
-    vqm = VQVAE(VQConfig())
-    vqm.load_state_dict(load_file(vq), strict=True)
-    net = run(vq=vqm.eval(), steps=steps, batch=batch, n_images=n_images, device=device, workers=workers)
+    net = run(vq=_load_vq(vq), steps=steps, batch=batch, n_images=n_images, device=device, workers=workers)
     save_scorer(net, out)
     typer.echo(f"wrote {out}")
 
@@ -136,15 +146,11 @@ def train_scorer(out: Path = typer.Option(..., help="scorer weights file to writ
 def eval_scorer(n: int = typer.Option(1024, help="held-out renders"),
                 json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
                 scorer: Optional[Path] = typer.Option(None, help="scorer weights (default: bundled)"),
-                vq: Path = typer.Option(Path("reference/weights/vq.safetensors"), help="VQ-VAE weights")):
+                vq: Optional[Path] = VQ):
     """Validate the scorer: held-out renders, their VQ reconstructions, and shuffled captions."""
-    from safetensors.torch import load_file
     from ssdgen.reference.scorer import DEFAULT_PATH, load_scorer
     from ssdgen.reference.validate_scorer import validate
-    from ssdgen.reference.vqvae import VQVAE, VQConfig
-    vqm = VQVAE(VQConfig())
-    vqm.load_state_dict(load_file(vq), strict=True)
-    res = validate(load_scorer(scorer or DEFAULT_PATH), vqm.eval(), n)
+    res = validate(load_scorer(scorer or DEFAULT_PATH), _load_vq(vq), n)
     for k in ("renders", "reconstructions", "shuffled_captions"):
         r = res[k]
         typer.echo(f"{k:<18} scene {r['scene_accuracy']:.4f}  object {r['object_accuracy']:.4f}  "

@@ -307,7 +307,8 @@ def bench_html(res: dict, samples: dict | None = None) -> str:
                     f'&times; 1000 (spot: {spot}), '
                     f'with {esc(res.get("devices"))} {esc(p.get("unit"))}(s) billed '
                     f'(device type {esc(p.get("device_type"))}, {esc(p.get("instance_type"))}; '
-                    f'price as of {esc(p.get("as_of"))}: {esc(p.get("source"))}).</p>')
+                    f'price from {esc(p.get("origin") or "the shipped table")}, as of {esc(p.get("as_of"))}: '
+                    f'{esc(p.get("source"))}).</p>')
     body += ['<div class="grid">']
     if quality:
         body += ["<div><h2>Speed vs quality</h2>", img_tag(pareto_plot(rows), "Pareto plot: speedup vs scene accuracy"),

@@ -1,6 +1,6 @@
 """Cost accounting for generation runs: $ per 1k images, images/s per device, utilization.
 
-Price table (`infra/prices.csv`, `DEFAULT_PRICES`) conventions:
+Price table (`flows/prices.csv`, package data of ssdgen.flows: `DEFAULT_PRICES`) conventions:
   - one row per `device_type` (`h100`, `a100-40gb`, `h200`, `l4`, `a10g`, `cpu`, ...);
   - prices are USD per *device*-hour: the instance's hourly price divided by
     `devices_per_instance`. `unit` says what a device is: `gpu` for accelerators, `vcpu` for
@@ -10,6 +10,12 @@ Price table (`infra/prices.csv`, `DEFAULT_PRICES`) conventions:
     when unknown;
   - `source` is the page the numbers come from (and says "unverified"/"typical" where that is what
     they are); `as_of` is the ISO date the page states, or the date the row was recorded.
+
+The user's prices (`price_from`, the one place a run's price is chosen): `--prices FILE` is a table of the
+same columns (local path or fsspec URL) that replaces the shipped one; `--usd-per-hour X` replaces the device
+row's on-demand price (per device-hour of its unit: per vCPU-hour for a `vcpu` type), with the spot price
+unknown unless `--spot-usd-per-hour` gives it. `Price.origin` says which: "shipped table (as of ...)",
+"--prices PATH" or "--usd-per-hour"; summary.json, `ssdgen status` and the report show it.
 
 Conventions (how the numbers are defined):
   - A shard record (written by the pipeline into each shard's commit marker) carries, at least,
@@ -40,7 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-DEFAULT_PRICES: Path = Path(__file__).resolve().parents[1] / "infra" / "prices.csv"
+# next to this module, so an installed wheel finds it as it finds the code (never relative to a checkout)
+DEFAULT_PRICES: Path = Path(__file__).resolve().with_name("prices.csv")
 
 COLUMNS = ("device_type", "unit", "devices_per_instance", "instance_type",
            "on_demand_usd_per_hour", "spot_usd_per_hour", "source", "as_of")
@@ -60,6 +67,7 @@ class Price:
     spot_usd_per_hour: float | None
     source: str
     as_of: str
+    origin: str = ""  # where the run's price came from (price_from); "" on a bare table row or an older record
 
 
 # ---------------------------------------------------------------------------------------- prices
@@ -109,11 +117,21 @@ def _parse_row(path: Path, line: int, row: dict[str, str]) -> Price:
                  source=text("source"), as_of=as_of)
 
 
+def _open_text(path: str | Path):
+    if isinstance(path, str) and "://" in path:  # a table in a bucket, as the run's other inputs may be
+        import fsspec
+        return fsspec.open(path, "rt", newline="", encoding="utf-8")
+    return open(path, newline="", encoding="utf-8")
+
+
 def load_prices(path: str | Path | None = None) -> dict[str, Price]:
-    """Read the price table; {device_type: Price}. Malformed rows raise ValueError naming
-    file, line and column."""
-    path = Path(path) if path is not None else DEFAULT_PRICES
-    with open(path, newline="", encoding="utf-8") as f:
+    """Read the price table (a local path or an fsspec URL); {device_type: Price}. Malformed rows raise
+    ValueError naming file, line and column."""
+    if path is None:
+        path = DEFAULT_PRICES
+    elif not (isinstance(path, str) and "://" in path):
+        path = Path(path)
+    with _open_text(path) as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames
         if not header:
@@ -151,6 +169,80 @@ def price_for(device_type: str, path: str | Path | None = None) -> Price:
         raise ValueError(f"unknown device type {device_type!r}; known: {', '.join(sorted(prices))} "
                          f"(in {Path(path) if path is not None else DEFAULT_PRICES})")
     return prices[key]
+
+
+def _rate(flag: str, value: float | str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{flag}: not a number: {value!r}") from None
+    if not math.isfinite(rate) or rate <= 0:
+        raise ValueError(f"{flag} must be a positive finite number of USD per device-hour, got {value!r}")
+    return rate
+
+
+def price_table(prices: str | Path | None = None) -> dict[str, Price]:
+    """The user's table (`prices`, --prices) or the shipped one; a missing or malformed file is one ValueError
+    naming --prices, the file, and its line and column."""
+    if prices is None:
+        return load_prices()
+    try:
+        return load_prices(prices)
+    except FileNotFoundError:
+        raise ValueError(f"--prices {prices}: no such file") from None
+    except ValueError as e:
+        raise ValueError(f"--prices {e}") from None
+
+
+def _checked(prices, usd_per_hour, spot_usd_per_hour) -> tuple[dict[str, Price], float | None, float | None]:
+    usd = _rate("--usd-per-hour", usd_per_hour)
+    spot = _rate("--spot-usd-per-hour", spot_usd_per_hour)
+    if spot is not None and usd is None:
+        raise ValueError("--spot-usd-per-hour needs --usd-per-hour (the on-demand price of the same device)")
+    return price_table(prices), usd, spot
+
+
+def check_price_options(prices: str | Path | None = None, usd_per_hour: float | str | None = None,
+                        spot_usd_per_hour: float | str | None = None) -> None:
+    """`price_from`'s checks of the user's prices, for a view that may have no device type to price."""
+    _checked(prices, usd_per_hour, spot_usd_per_hour)
+
+
+def price_from(device_type: str, prices: str | Path | None = None, usd_per_hour: float | str | None = None,
+               spot_usd_per_hour: float | str | None = None) -> Price:
+    """The price a run is costed at, with `origin` saying where it came from: the `device_type` row of the
+    user's table (`prices`: --prices) or of the shipped one, its on-demand price replaced by `usd_per_hour`
+    (--usd-per-hour, per device-hour of the row's unit: per vCPU-hour for a vcpu type) and its spot price by
+    `spot_usd_per_hour` (unknown when only the on-demand price is given: the table's spot is not the user's).
+    Bad values, a bad file or an unknown device type raise one ValueError naming the option."""
+    table, usd, spot = _checked(prices, usd_per_hour, spot_usd_per_hour)
+    key = device_type.strip().lower()
+    if key not in table:
+        where = f"--prices {prices}" if prices is not None else f"the shipped table {DEFAULT_PRICES}"
+        raise ValueError(f"unknown device type {device_type!r}; known: {', '.join(sorted(table))} (in {where}); "
+                         "to price another device give --prices FILE with a row for it")
+    row = table[key]
+    if usd is None:
+        origin = f"--prices {prices}" if prices is not None else f"shipped table (as of {row.as_of})"
+        return dataclasses.replace(row, origin=origin)
+    flags = "--usd-per-hour" + (", --spot-usd-per-hour" if spot is not None else "")
+    return dataclasses.replace(row, on_demand_usd_per_hour=usd, spot_usd_per_hour=spot,
+                               source=f"the user's price ({flags})", as_of=dt.date.today().isoformat(),
+                               origin=flags + (f" (device row from --prices {prices})" if prices is not None else ""))
+
+
+def recorded_price(record: dict | None) -> Price | None:
+    """A Price as a run recorded it (summary.json's "price", _price.json), or None when there is none or it has
+    another shape (an older ssdgen's)."""
+    if not isinstance(record, dict):
+        return None
+    names = {f.name for f in dataclasses.fields(Price)}
+    try:
+        return Price(**{k: v for k, v in record.items() if k in names})
+    except TypeError:
+        return None
 
 
 # ----------------------------------------------------------------------------------------- costs
@@ -211,6 +303,24 @@ class _ExactSum:
         return math.fsum(self.partials)
 
 
+def _priced(dev_alloc: float, ok: int, price: Price) -> dict:
+    """The summary's cost fields: allocated device-seconds x price, and per 1k ok images."""
+    spot = price.spot_usd_per_hour
+    usd_od = dev_alloc * price.on_demand_usd_per_hour / 3600.0
+    usd_spot = None if spot is None else dev_alloc * spot / 3600.0
+    k_images = ok / 1000.0
+    return {"usd_on_demand": usd_od, "usd_spot": usd_spot,
+            "usd_per_1k_images_on_demand": _ratio(usd_od, k_images),
+            "usd_per_1k_images_spot": None if usd_spot is None else _ratio(usd_spot, k_images),
+            "price": dataclasses.asdict(price)}
+
+
+def reprice(summary: dict, price: Price) -> dict:
+    """A recorded summary costed at another price (a view's --prices / --usd-per-hour): the same device-seconds
+    and images, the cost fields recomputed."""
+    return summary | _priced(float(summary["device_seconds_allocated"]), int(summary["images_ok"]), price)
+
+
 def run_summary(records: Iterable[dict], price: Price, wall_s: float) -> dict:
     """Flat, JSON-able summary of a run from its shard records (see module docstring). One pass over
     `records`, which may be a generator: a run's markers are streamed from storage, never held."""
@@ -235,13 +345,11 @@ def run_summary(records: Iterable[dict], price: Price, wall_s: float) -> dict:
             sum_spot.add(c["usd_spot"])
 
     # Totals from summed device-seconds x price, checked against the sum of per-shard costs.
-    usd_od = dev_alloc * price.on_demand_usd_per_hour / 3600.0
-    usd_spot = None if spot is None else dev_alloc * spot / 3600.0
+    priced = _priced(dev_alloc, ok, price)
     sum_od = sum_od.value()
     sum_spot = None if sum_spot is None else sum_spot.value()
 
     utilization = _ratio(dev_busy, dev_alloc)
-    k_images = ok / 1000.0
     return {
         "shards": shards,
         "images_ok": ok,
@@ -254,12 +362,8 @@ def run_summary(records: Iterable[dict], price: Price, wall_s: float) -> dict:
         "model_load_device_seconds": dev_load,
         "utilization": utilization,
         "overhead_share": None if utilization is None else 1.0 - utilization,
-        "usd_on_demand": usd_od,
-        "usd_spot": usd_spot,
-        "usd_per_1k_images_on_demand": _ratio(usd_od, k_images),
-        "usd_per_1k_images_spot": None if usd_spot is None else _ratio(usd_spot, k_images),
-        "price": dataclasses.asdict(price),
-        "reconciles": _close(sum_od, usd_od) and _close(sum_spot, usd_spot),
+        **priced,
+        "reconciles": _close(sum_od, priced["usd_on_demand"]) and _close(sum_spot, priced["usd_spot"]),
     }
 
 
@@ -306,9 +410,19 @@ def cost_table(summary: dict) -> list[dict]:
         (f"price on-demand per {unit}-hour", _usd(p["on_demand_usd_per_hour"])),
         (f"price spot per {unit}-hour (typical)", _usd(p["spot_usd_per_hour"])),
         ("price source", src),
+        *([("price from", p["origin"])] if p.get("origin") else []),
         ("per-shard costs reconcile", "yes" if summary["reconciles"] else "NO"),
     ]
     return [{"metric": m, "value": v} for m, v in rows]
+
+
+def price_words(price: dict) -> str:
+    """A recorded price (summary.json's "price") in a few words, where it came from included."""
+    unit = price["unit"]
+    spot = price.get("spot_usd_per_hour")
+    return (f"{_usd(price['on_demand_usd_per_hour'])} per {unit}-hour on demand"
+            + (f", {_usd(spot)} spot" if spot is not None else ", no spot price")
+            + f" ({price['device_type']}; from {price.get('origin') or price['source']})")
 
 
 def render_cost_table(rows: list[dict]) -> str:

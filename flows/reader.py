@@ -35,9 +35,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from ssdgen.decoders.spec import DecodeSpec, speculative_rows
+from ssdgen.workers.results import UNRECORDED
 
 from .audit import DEFAULT_TOLERANCE, summarize as audit_summary
-from .cost import price_for, run_summary
+from .cost import Price, check_price_options, price_from, run_summary
 from .layout import CONFIG, IMAGES_SCHEMA, MANIFEST, MANIFEST_SCHEMA, STATS_SCHEMA, SUMMARY, Output, manifest_row
 from .verify import damaged_shards
 
@@ -125,7 +126,8 @@ def shard_images(out: Output, row: dict) -> list[dict]:
 def read_run(url: str, samples: int = 24) -> dict:
     """Everything a report of the run shows, read as `open_run` reads: the committed shards but the damaged ones
     (left out and named, never read), their statistics, their image rows (bytes kept for the first `samples` ok
-    images only), their markers, the summary, config and plan. Raises FileNotFoundError with no committed shard."""
+    images only), their markers, the summary, config, plan and recorded price. Raises FileNotFoundError with no
+    committed shard."""
     out = Output(url)
     damaged = list(damaged_shards(out))
     markers = {m.shard: m for m in out.iter_markers(skip=frozenset(d.shard for d in damaged))}
@@ -145,7 +147,7 @@ def read_run(url: str, samples: int = 24) -> dict:
             images.append(im if keep else im | {"image": None})
     return {"url": url, "files": man, "markers": markers, "stats": stats, "images": images,
             "summary": out.read_json(SUMMARY), "config": out.read_json(CONFIG), "damaged": damaged,
-            "plan": out.read_plan()}
+            "plan": out.read_plan(), "price": out.read_price()}
 
 
 class MarkerFold:
@@ -159,6 +161,7 @@ class MarkerFold:
         self.out, self.audit, self.skip = out, {} if audit else None, skip
         self.manifest = out.manifest_writer() if manifest else None
         self.errors: Counter = Counter()
+        self.reasons: Counter = Counter()  # error_reason -> rows; summing to the failed rows
         self.wall_s = 0.0
         self.device_types: set = set()
 
@@ -167,6 +170,9 @@ class MarkerFold:
             if self.manifest is not None:
                 self.manifest.add(m)
             self.errors.update(m.errors)
+            self.reasons.update(m.error_reasons)
+            if (unrecorded := m.failed - sum(m.error_reasons.values())) > 0:  # a marker from before reasons
+                self.reasons[UNRECORDED] += unrecorded
             if len(self.errors) > self.MAX_ERRORS:
                 self.errors = Counter(dict(self.errors.most_common(self.MAX_ERRORS // 2)))
             self.wall_s += m.wall_s
@@ -208,10 +214,23 @@ def read_plan_at(url: str) -> dict:
     return plan
 
 
-def run_status(url: str, deep: bool = False) -> dict:
+def view_price(recorded: Price | None, device_type: str, prices=None, usd_per_hour=None,
+               spot_usd_per_hour=None) -> tuple[Price, bool]:
+    """The price a view of the run (`ssdgen status`, the report) costs it at, and whether the user gave it now:
+    the user's (--prices, --usd-per-hour: flows.cost.price_from), else the one the run `recorded`
+    (Output.read_price), else (a run from before runs recorded prices) the shipped table's."""
+    if (prices, usd_per_hour, spot_usd_per_hour) != (None, None, None):
+        return price_from(device_type, prices, usd_per_hour, spot_usd_per_hour), True
+    if recorded is not None and recorded.device_type == device_type.strip().lower():
+        return recorded, False
+    return price_from(device_type), False
+
+
+def run_status(url: str, deep: bool = False, prices=None, usd_per_hour=None, spot_usd_per_hour=None) -> dict:
     """Shards done, pending, failed and damaged, the cost, the audit and the decode plan so far, from the
     markers (no Prefect, no Ray). Every committed file is checked cheaply (sizes, ETags), or read back and
-    hashed with `deep`."""
+    hashed with `deep`. Costed at the run's recorded price, or at the user's (`view_price`; "price_given")."""
+    check_price_options(prices, usd_per_hour, spot_usd_per_hour)  # a bad value is an error, shards or none
     out = Output(url)
     conf = out.read_config()
     total_rows = sum(i["rows"] for i in conf["inputs"])
@@ -228,8 +247,9 @@ def run_status(url: str, deep: bool = False) -> dict:
     for m in fold.markers():
         ok, n_failed = ok + m.ok, n_failed + m.failed
     cost = price = None
+    given = False
     if len(fold.device_types) == 1:  # a second pass, only for a run on one device type
-        price = price_for(fold.device_types.pop())
+        price, given = view_price(out.read_price(), fold.device_types.pop(), prices, usd_per_hour, spot_usd_per_hour)
         cost = run_summary((m.to_dict() for m in out.iter_markers(skip=bad)), price, wall_s=fold.wall_s)
     audit = None
     if conf.get("audit"):
@@ -237,7 +257,9 @@ def run_status(url: str, deep: bool = False) -> dict:
     committed = done.count(1)
     return {"out": url, "shards_total": n_shards, "shards_done": committed, "shards_failed": failed,
             "shards_pending": n_shards - committed - len(failed), "images_ok": ok, "images_failed": n_failed,
-            "damaged": damaged, "cost": cost, "audit": audit, "decode_plan": plan_summary(out.read_plan())}
+            "errors_by_reason": dict(fold.reasons.most_common()), "damaged": damaged, "cost": cost,
+            "price_given": given, "audit": audit, "decode_plan": plan_summary(out.read_plan())}
 
 
-__all__ = ["open_run", "committed_shards", "read_run", "shard_images", "MarkerFold", "run_status", "plan_summary"]
+__all__ = ["open_run", "committed_shards", "read_run", "shard_images", "MarkerFold", "run_status", "plan_summary",
+           "view_price"]

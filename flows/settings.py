@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 
+from pydantic import Field
+
 from ssdgen.workers.settings import WorkerSettings, option as _option
 
 from ssdgen.decoders.configs import OBJECTIVES
 
 from .audit import DEFAULT_TOLERANCE, check_audit
-from .cost import Price, price_for
+from .cost import Price, price_from
 from .inputs import InputFile
 from .webdataset_shards import check_format
 
@@ -42,7 +44,16 @@ class RunSettings(WorkerSettings):
     actors: int = _option(2, "Ray actors (each loads the model once)")
     cpus_per_actor: float = _option(1.0, "Ray num_cpus per actor (= torch threads on CPU)")
     gpus_per_actor: float = _option(0.0, "Ray num_gpus per actor (0 on CPU)")
-    device_type: str = _option("cpu", "price row in infra/prices.csv (cpu, l4, h100, ...)")
+    device_type: str = _option("cpu", "price row in the shipped price table (cpu, l4, h100, ...), or in --prices")
+    prices: str | None = _option(None, "your price table instead of the shipped one: a CSV with the shipped table's "
+                                       "columns (local path or fsspec URL); --device-type names its row")
+    # read as text by the CLI (run_options), so a value that is not a number is one `error:` line from pydantic
+    usd_per_hour: float | None = Field(None, description="your on-demand price in USD per device-hour of "
+                                       "--device-type, instead of the table's: per GPU-hour, or per vCPU-hour for "
+                                       "a vcpu type such as cpu", json_schema_extra={"cli_text": True})
+    spot_usd_per_hour: float | None = Field(None, description="with --usd-per-hour: your spot price, per the same "
+                                            "device-hour (else the run has no spot cost)",
+                                            json_schema_extra={"cli_text": True})
     ray_address: str | None = _option(None, "attach to a Ray cluster (default: RAY_ADDRESS, else a local Ray)")
     cluster_limit: str | None = _option(None, "Prefect global concurrency limit to hold a slot of per GPU (per "
                                               "actor on CPUs)")
@@ -73,7 +84,7 @@ class RunSettings(WorkerSettings):
         check_image_format(self.image_format, self.quality)
         check_format(self.format)
         check_dtype(self.dtype, on_gpu=self.gpus_per_actor > 0)
-        price = price_for(self.device_type)
+        price = price_from(self.device_type, self.prices, self.usd_per_hour, self.spot_usd_per_hour)
         if price.unit == "gpu" and self.gpus_per_actor <= 0:
             raise ValueError(f"--device-type {self.device_type} is priced per GPU, but actors get no GPU "
                              "(set --gpus-per-actor)")
@@ -110,7 +121,9 @@ class RunSettings(WorkerSettings):
 
     def recorded(self, files: list[InputFile]) -> dict:
         """What `_config.json` holds: everything that decides which images come out, and the output format (a
-        resume must not mix shards with and without tars). Every key always, whatever its value. No credentials."""
+        resume must not mix shards with and without tars). Every key always, whatever its value. No credentials.
+        Not the prices (--prices, --usd-per-hour): they decide no image, so a resume may change them; the run
+        records its price in _price.json (flows.layout) instead."""
         keys = ("model", "seed", "shard_size", "batch_size", "audit", "audit_tolerance", "image_format", "quality",
                 "format", "dtype")
         # png ignores --quality: recorded as null there, so another --quality resumes a png run

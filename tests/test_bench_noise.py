@@ -134,3 +134,21 @@ def test_a_real_bench_of_ar_against_ar(tmp_path):
     assert res["verdict"]["text"].startswith("cheapest: ar")
     page = bench_html(res)
     assert page.index("Verdict") < page.index("Best batch per decoder")
+
+
+def test_the_bench_costs_at_the_users_price_and_says_so(tmp_path):
+    """--usd-per-hour through flows.cost.price_from: every $ figure is devices x price / 3.6 / images/s, and the
+    JSON and the page name where the price came from."""
+    from ssdgen.bench.decode import bench
+    from ssdgen.bench.plots import bench_html
+    from ssdgen.decoders.spec import DecodeSpec
+    from ssdgen.flows.cost import price_from
+    from ssdgen.reference.tiny import tiny_model
+    m = tiny_model(tmp_path / "tiny")
+    price = price_from("cpu", usd_per_hour="100")
+    res = bench(m, [DecodeSpec.parse("ar")], 2, [1], 0, log=lambda *_: None, rounds=2, price=price)
+    assert res["price"]["on_demand_usd_per_hour"] == 100 and "--usd-per-hour" in res["price"]["origin"]
+    for r in res["rows"]:
+        assert r["usd_per_1k_images"] == pytest.approx(res["devices"] * 100 / 3.6 / r["images_per_s"], rel=1e-12)
+        assert r["usd_per_1k_images_spot"] is None  # the table's spot price is not the user's
+    assert "--usd-per-hour" in bench_html(res)

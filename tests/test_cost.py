@@ -49,8 +49,10 @@ GOOD_ROW = "x1,gpu,8,x1.big,2.5,1.0,https://example.com/p,2026-01-02"
 
 # ------------------------------------------------------------------------------- the price table
 
-def test_default_prices_path_is_the_repo_table():
-    assert DEFAULT_PRICES == REPO / "infra" / "prices.csv"
+def test_default_prices_path_is_the_package_table():
+    # package data next to flows/cost.py, so an installed wheel has it (pyproject ships it; infra/wheel-smoke.sh)
+    assert DEFAULT_PRICES == REPO / "flows" / "prices.csv"
+    assert '"ssdgen.flows" = ["prices.csv"]' in (REPO / "pyproject.toml").read_text()
     assert DEFAULT_PRICES.is_file()
     assert DEFAULT_PRICES.read_text().splitlines()[0] == HEADER
 

@@ -93,10 +93,24 @@ def _echo_bench(res: dict) -> None:
         typer.echo("one round: no interval, so no difference can be told from noise (use --rounds 3 or more)")
     for w in (res.get("load") or {}).get("warnings", []):
         typer.echo(f"warning: busy machine: {w}")
+    if (res.get("price") or {}).get("unit"):
+        from ssdgen.flows.cost import price_words
+        typer.echo(f"price: {price_words(res['price'])} x {res.get('devices')} {res['price']['unit']}(s)")
     typer.echo("best batch per decoder (the most images/s among the batch sizes measured; latency at batch 1)")
     _echo_table(BEST_COLS, res.get("best", []))
     typer.echo("")
     _echo_table(ROW_COLS, res["rows"])
+
+
+def _check_counts(n: int, quality_n: int, fidelity_n: int, quality_batch: int, rounds: int) -> None:
+    """The bench's counts, each refused in one line before the model loads."""
+    if not 1 <= n <= 1024 or not 0 <= quality_n <= 1024 or not (fidelity_n == 0 or 2 <= fidelity_n <= 1024):
+        raise ValueError(f"--n must be in 1..1024, --quality-n in 0..1024 and --fidelity-n 0 or in 2..1024, "
+                         f"got {n}, {quality_n} and {fidelity_n}")
+    if quality_batch < 1:
+        raise ValueError(f"--quality-batch must be >= 1, got {quality_batch}")
+    if rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {rounds}")
 
 
 @app.command("bench")
@@ -121,6 +135,11 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd",
               html: Optional[Path] = typer.Option(None, "--html", help="write a standalone HTML report here"),
               device_type: str = typer.Option("cpu", help="price row of the price table for $ per 1k images "
                                                           "(cpu = per vCPU x torch threads; a GPU type = 1 GPU)"),
+              prices: Optional[str] = typer.Option(None, help="your price table instead of the shipped one (a CSV "
+                                                            "with its columns); --device-type picks the row"),
+              usd_per_hour: Optional[str] = typer.Option(None, help="your on-demand price in USD per device-hour "
+                                                                    "(per vCPU-hour for a CPU type)"),
+              spot_usd_per_hour: Optional[str] = typer.Option(None, help="with --usd-per-hour: your spot price"),
               device: str = DEVICE, dtype: str = DTYPE,
               seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
               model: Optional[str] = MODEL):
@@ -135,19 +154,15 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd",
     from ssdgen.bench.decode import bench, check_args, resolve_device
     specs = specs_of(decoders)
     sizes = _batch_sizes(batch_sizes)
-    if not 1 <= n <= 1024 or not 0 <= quality_n <= 1024 or not (fidelity_n == 0 or 2 <= fidelity_n <= 1024):
-        raise ValueError(f"--n must be in 1..1024, --quality-n in 0..1024 and --fidelity-n 0 or in 2..1024, "
-                         f"got {n}, {quality_n} and {fidelity_n}")
-    if quality_batch < 1:
-        raise ValueError(f"--quality-batch must be >= 1, got {quality_batch}")
-    if rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    _check_counts(n, quality_n, fidelity_n, quality_batch, rounds)
     check_args(specs, sizes)  # all argument errors before the model loads
     chosen = specs_of(quality_decoders) if quality_decoders else None
-    resolve_device(device, device_type)
+    from ssdgen.flows.cost import price_from
+    price = price_from(device_type, prices, usd_per_hour, spot_usd_per_hour)  # bad values: one line, before the load
+    resolve_device(device, device_type, price)
     res = bench(model_on(model, device, dtype), specs, n, sizes, quality_n, seed=seed, log=typer.echo,
                 device_type=device_type, quality_decoders=chosen, fidelity_n=fidelity_n, tolerance=tolerance,
-                quality_batch=quality_batch, rounds=rounds)
+                quality_batch=quality_batch, rounds=rounds, price=price)
     samples = res.pop("samples", None)  # images: for the page, not the JSON
     _echo_bench(res)
     if json_path:

@@ -50,10 +50,19 @@ def _nothing_to_do(prep) -> None:
         _print_summary(recorded | {"shards_run_now": 0, "summary": prep.out.full_url(prep.out.path(SUMMARY))})
 
 
+def _by_reason(s: dict) -> str | None:
+    """The failed images counted by error_reason, on one line; None when none failed (or an older summary)."""
+    if not (reasons := s.get("errors_by_reason")):
+        return None
+    return "failed images by reason: " + ", ".join(f"{r} {n}" for r, n in reasons.items())
+
+
 def _print_summary(s: dict) -> None:
     from ssdgen.flows.cost import cost_table
     typer.echo(f"shards {s['shards_committed']}/{s['shards_total']} committed ({s['shards_run_now']} this run); "
                f"images ok {s['images_ok']}, failed {s['images_failed']}")
+    if (why := _by_reason(s)) is not None:
+        typer.echo(f"  {why}")
     from ssdgen.flows.audit import audit_rows, warning
     for r in cost_table(s) + audit_rows(s.get("audit")):
         typer.echo(f"  {r['metric']:<34} {r['value']}")
@@ -92,17 +101,27 @@ def serve(settings: RunSettings, cron: str = typer.Option("0 2 * * *", help="sch
     flow.serve(name=name, cron=cron, parameters={"settings": settings.model_dump(mode="json"), "progress": False})
 
 
+def _price_option(name: str):
+    """A view's price option (status, report): the run setting's flag and help, read as text (flows.cost checks it)."""
+    return typer.Option(None, "--" + name.replace("_", "-"), help=RunSettings.model_fields[name].description)
+
+
 @app.command()
 @friendly
 def status(url: str = typer.Argument(..., help="a run's output URL"),
            verify: bool = typer.Option(False, "--verify", help="read every committed file back and check its "
-                                                               "SHA-256 (default: sizes and ETags only)")):
-    """Shards done, pending, failed and damaged, the decode plan, and the cost so far."""
+                                                               "SHA-256 (default: sizes and ETags only)"),
+           prices: Optional[str] = _price_option("prices"), usd_per_hour: Optional[str] = _price_option("usd_per_hour"),
+           spot_usd_per_hour: Optional[str] = _price_option("spot_usd_per_hour")):
+    """Shards done, pending, failed and damaged, the decode plan, and the cost so far: at the price the run
+    recorded, or at yours (--prices, --usd-per-hour)."""
     from ssdgen.flows.layout import plan_words
     from ssdgen.flows.reader import run_status
-    st = run_status(url, deep=verify)
+    st = run_status(url, deep=verify, prices=prices, usd_per_hour=usd_per_hour, spot_usd_per_hour=spot_usd_per_hour)
     typer.echo(f"{url}: {st['shards_done']} done, {st['shards_pending']} pending, {len(st['shards_failed'])} failed "
                f"of {st['shards_total']} shards; images ok {st['images_ok']}, failed {st['images_failed']}")
+    if (why := _by_reason(st)) is not None:
+        typer.echo(f"  {why}")
     for k, v in st["shards_failed"].items():
         typer.echo(f"  failed shard {k}: {v}")
     for d in st["damaged"]:
@@ -114,6 +133,9 @@ def status(url: str = typer.Argument(..., help="a run's output URL"),
         typer.echo(f"  cost so far: ${c['usd_on_demand']:.4f} on demand"
                    + (f", ${c['usd_spot']:.4f} spot" if c.get("usd_spot") is not None else "")
                    + f" ({c['device_seconds_allocated']:.1f} device-seconds on {c['price']['device_type']})")
+        from ssdgen.flows.cost import price_words
+        typer.echo(f"  price: {price_words(c['price'])}; "
+                   + ("given now: the cost is recomputed at it" if st["price_given"] else "as the run recorded it"))
     from ssdgen.flows.audit import audit_rows, warning
     for r in audit_rows(st["audit"]):
         typer.echo(f"  {r['metric']:<34} {r['value']}")
@@ -182,9 +204,14 @@ def export(url: str = typer.Argument(..., help="a run's output URL (local path, 
 @friendly
 def report_cmd(url: str = typer.Argument(..., help="a run's output URL (local path, file://, s3://, ...)"),
                html: Path = typer.Option(Path("report.html"), "--html", help="where to write the HTML"),
-               samples: int = typer.Option(24, help="images in the sample grid and the heatmaps")):
-    """A standalone HTML report of a pipeline run, from its committed Parquet and JSON only."""
+               samples: int = typer.Option(24, help="images in the sample grid and the heatmaps"),
+               prices: Optional[str] = _price_option("prices"),
+               usd_per_hour: Optional[str] = _price_option("usd_per_hour"),
+               spot_usd_per_hour: Optional[str] = _price_option("spot_usd_per_hour")):
+    """A standalone HTML report of a pipeline run, from its committed Parquet and JSON only; its cost at the price
+    the run recorded, or at yours (--prices, --usd-per-hour)."""
     from ssdgen.bench.report import write_report
-    info = write_report(url, html, samples=samples)
+    info = write_report(url, html, samples=samples, prices=prices, usd_per_hour=usd_per_hour,
+                        spot_usd_per_hour=spot_usd_per_hour)
     typer.echo(f"wrote {html} ({info['shards']} committed shards, {info['images_ok']} images ok, "
                f"{info['images_failed']} failed)")

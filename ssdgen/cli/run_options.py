@@ -55,7 +55,8 @@ def settings_parameters(overrides: dict) -> list[inspect.Parameter]:
             default = ...  # required
         elif not isinstance(default, (str, int, float, bool, type(None))):
             default = str(default)  # a decode spec shows as its text
-        ann = _cli_type(info.annotation)
+        # a field marked cli_text is read as text and parsed by pydantic: a bad number is one `error:` line
+        ann = Optional[str] if (info.json_schema_extra or {}).get("cli_text") else _cli_type(info.annotation)
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann,
                                         default=typer.Option(default, _flag(name, info), help=info.description)))
     return params

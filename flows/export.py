@@ -62,7 +62,7 @@ def _copy(src: Output, url: str, sha256: str | None, dst: Output, path: str) -> 
             w.write(chunk)
             n += len(chunk)
     if sha256 is not None and h.hexdigest() != sha256:
-        dst.fs.rm(path)
+        dst.fs.rm_file(path)  # not rm: it would read glob characters in the path as a pattern
         raise OSError(f"{url}: its SHA-256 differs from its commit marker's; the file changed after the commit")
     return n
 

@@ -1,9 +1,12 @@
 """Input discovery and validation: Parquet prompt files on any fsspec storage (local, S3, ...).
 
 `list_inputs` expands URLs (files, directories/prefixes, globs) into `InputFile`s using only each
-file's footer, and checks the schema up front so a bad input fails before any GPU work starts.
+file's footer, and checks the schema up front so a bad input fails before any GPU work starts. A path that
+exists is taken as written, even with `*?[` in it; only one that does not is a glob. `with_identities` records
+each file's content identity and pins every later read of the run to that content (flows.pinned).
 `check_unique_prompt_ids` reads only the `prompt_id` column to reject duplicate ids (ids key outputs
-and resume). Rows without an id or seed get stable derived ones (`derive_prompt_id`, `derive_seed`).
+and resume); `check_seeds` reads only a uint64 `seed` column, to refuse seeds an int64 cannot hold. Rows without
+an id or seed get stable derived ones (`derive_prompt_id`, `derive_seed`).
 
 Error messages name the file and never include storage options (they may hold credentials). An unreachable
 storage endpoint is found in seconds and said in one line naming the URL and the endpoint (flows/endpoints.py).
@@ -22,11 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .endpoints import endpoint_of, is_s3, probe, unreachable
-
-
-class InputError(ValueError):
-    """A problem with the inputs that retrying cannot fix; the message names the file (URL)."""
+from .endpoints import endpoint_of, is_s3, probe, refused, unreachable
+from .pinned import InputError, Pin, PinnedFile, changed, is_expired, take_pin
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,12 @@ class InputFile:
     has_prompt_id: bool
     has_seed: bool
     identity: str | None = None  # the content's identity (ETag, version, SHA-256): `with_identities` fills it
+    pin: Pin | None = None       # what every later read is held to (flows.pinned): `with_identities` fills it
+    wide_seeds: bool = False     # the seed column is uint64, so values may not fit an int64: `check_seeds` reads it
 
 
 _GLOB_CHARS = "*?["
+INT64_MAX = 2**63 - 1  # seeds are stored as int64 (images and audit Parquet) and decoded modulo 2^64 (decoders/rng)
 _DERIVED_ID = re.compile(r"^([0-9a-f]{10})-([0-9]{10})$")
 
 
@@ -81,6 +84,9 @@ def _read_error(url: str, exc: BaseException, storage_options: dict | None, fs=N
     """`cannot read URL: reason`, or, when the storage endpoint was not reached, one line saying so and where
     (flows/endpoints.py)."""
     why = unreachable(exc)
+    if why is None and (code := refused(exc)) is not None:  # a 403: the credentials, not the data, are wrong
+        return InputError(f"{url}: the store refused the credentials ({code}); check AWS_ACCESS_KEY_ID / "
+                          "AWS_PROFILE and the bucket's policy")
     if why is None:
         return InputError(f"cannot read {url}: {_reason(exc, storage_options)}")
     where = endpoint_of(exc, fs)
@@ -135,9 +141,20 @@ def _keep(root: str, path: str) -> bool:
     return path.lower().endswith(".parquet") and not any(p.startswith((".", "_")) for p in parts)
 
 
+def is_pattern(fs, path: str) -> bool:
+    """A glob: `*?[` in a path that does not exist as written (a file or folder named `br[1]` is read as it is)."""
+    if not any(c in path for c in _GLOB_CHARS):
+        return False
+    try:
+        fs.info(path)
+    except FileNotFoundError:
+        return True
+    return False
+
+
 def _expand(fs, path: str) -> dict[str, dict]:
     """path -> info for every file the URL names; {} when nothing exists there."""
-    if any(c in path for c in _GLOB_CHARS):
+    if is_pattern(fs, path):
         out: dict[str, dict] = {}
         for p, info in fs.glob(path, detail=True).items():
             if info.get("type") == "directory":
@@ -214,8 +231,9 @@ def _footer(fs, path: str, url: str, size: int, storage_options: dict | None) ->
     if sum(row_groups) != md.num_rows:
         raise InputError(f"{url}: not a Parquet file (row groups hold {sum(row_groups)} rows, "
                          f"footer says {md.num_rows})")
+    wide = has_seed and pa.types.is_uint64(_value_type(schema.field("seed").type))
     return InputFile(url=url, num_rows=md.num_rows, row_groups=row_groups, size=size,
-                     has_prompt_id=has_id, has_seed=has_seed)
+                     has_prompt_id=has_id, has_seed=has_seed, wide_seeds=wide)
 
 
 def list_inputs(urls: list[str], storage_options: dict | None = None) -> list[InputFile]:
@@ -245,25 +263,71 @@ def list_inputs(urls: list[str], storage_options: dict | None = None) -> list[In
 
 def with_identities(files: list[InputFile], storage_options: dict | None = None) -> list[InputFile]:
     """The files with their content identity, so a file edited in place (same size) is noticed on resume:
-    the store's version id or ETag where it gives one (one HEAD, no read), else the SHA-256 of the bytes."""
+    the store's version id or ETag where it gives one (one HEAD, no read), else the SHA-256 of the bytes; and
+    with the pin every later read of this run is held to (flows.pinned)."""
     import dataclasses
-    return [dataclasses.replace(f, identity=_identity(f.url, storage_options)) for f in files]
+    out = []
+    for f in files:
+        identity, pin = _identity(f.url, storage_options)
+        out.append(dataclasses.replace(f, identity=identity, pin=pin))
+    return out
 
 
-def _identity(url: str, storage_options: dict | None) -> str:
+def _identity(url: str, storage_options: dict | None) -> tuple[str, Pin]:
     fs, path = _url_to_fs(url, storage_options)
     try:
-        info = fs.info(path)
+        info = fs.info(path)  # on S3 maybe from the listing (its ETag), as runs recorded it before pins
+        pin, fresh = take_pin(fs, path)
+        if fresh is not None and fresh.get("ETag") != info.get("ETag"):
+            info = fresh  # a listing older than the object: the identity is that of the content the run reads
         for key in ("VersionId", "ETag", "etag", "md5Hash", "crc32c"):
             if info.get(key) and info[key] != "null":
-                return f"{key.lower()}:{str(info[key]).strip(chr(34))}"
+                return f"{key.lower()}:{str(info[key]).strip(chr(34))}", pin
         h = hashlib.sha256()
-        with fs.open(path, "rb") as f:
-            while chunk := f.read(8 * 2**20):
+        with PinnedFile(url, pin, storage_options) as f:
+            while chunk := f.handle.read(8 * 2**20):
                 h.update(chunk)
-        return f"sha256:{h.hexdigest()}"
+            f.check()  # the bytes hashed are the pinned ones
+        return f"sha256:{h.hexdigest()}", pin
+    except InputError:
+        raise
     except Exception as e:
-        raise InputError(f"cannot read {url}: {_reason(e, storage_options)}") from None
+        raise _pinned_read_error(url, e, storage_options) from None
+
+
+def _pinned_read_error(url: str, exc: BaseException, storage_options: dict | None) -> InputError:
+    """A read under a pin failed: the store refused it because the file changed (S3 If-Match), or it failed."""
+    if is_expired(exc):
+        return changed(url)
+    return InputError(f"cannot read {url}: {_reason(exc, storage_options)}")
+
+
+def check_seeds(files: list[InputFile], storage_options: dict | None = None) -> None:
+    """Refuse, before the run, a seed that does not fit a signed 64-bit integer, naming its file and row: seeds
+    are stored as int64 (images.parquet, audit.parquet), which every integer type but uint64 fits, so only a
+    uint64 column is read, and only its seeds."""
+    for f in files:
+        if not f.wide_seeds or f.num_rows == 0:
+            continue
+        try:
+            with PinnedFile(f.url, f.pin, storage_options) as fh:
+                row = 0
+                pf = pq.ParquetFile(fh.handle, buffer_size=2**20, pre_buffer=False)
+                for batch in pf.iter_batches(batch_size=2**16, columns=["seed"]):
+                    col = batch.column(0)
+                    col = col.dictionary_decode() if pa.types.is_dictionary(col.type) else col
+                    over = pc.fill_null(pc.greater(col, pa.scalar(INT64_MAX, pa.uint64())), False)
+                    if pc.any(over).as_py():
+                        k = pc.index(over, True).as_py()
+                        raise InputError(f"{f.url}: row {row + k}: seed {col[k].as_py()} is out of range: seeds are "
+                                         f"signed 64-bit integers, -{INT64_MAX + 1}..{INT64_MAX} (leave it null to "
+                                         "derive one from the run seed)")
+                    row += len(col)
+                fh.check()
+        except InputError:
+            raise
+        except Exception as e:
+            raise _pinned_read_error(f.url, e, storage_options) from None
 
 
 def prompt_ids_as_text(column: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -296,12 +360,14 @@ def _given_ids(files: list[InputFile], storage_options: dict | None) -> tuple[pa
     for i, f in enumerate(files):
         if not f.has_prompt_id or f.num_rows == 0:
             continue
-        fs, path = _url_to_fs(f.url, storage_options)
         try:
-            with fs.open(path, "rb") as fh:
-                col = prompt_ids_as_text(pq.ParquetFile(fh).read(columns=["prompt_id"]).column(0))
+            with PinnedFile(f.url, f.pin, storage_options) as fh:
+                col = prompt_ids_as_text(pq.ParquetFile(fh.handle).read(columns=["prompt_id"]).column(0))
+                fh.check()
+        except InputError:
+            raise
         except Exception as e:
-            raise InputError(f"cannot read {f.url}: {_reason(e, storage_options)}") from None
+            raise _pinned_read_error(f.url, e, storage_options) from None
         if len(col) != f.num_rows:
             raise InputError(f"{f.url}: file changed since it was listed ({len(col)} rows, expected {f.num_rows})")
         if col.null_count:

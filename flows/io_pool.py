@@ -15,7 +15,12 @@ from dataclasses import asdict
 
 from .audit import mark_rows
 from .events import Read, Written
-from .plan import RowGroupCache, read_shard
+from .plan import read_shard
+from .row_reader import RowReader
+
+# how far behind its newest row a cursor still serves a shard, in shards: group tasks and I/O threads admit and
+# read the window's shards a little out of order (flows.row_reader)
+KEEP_SHARDS = 16
 
 
 class IOPool:
@@ -25,7 +30,7 @@ class IOPool:
     def __init__(self, cfg, files, threads: int, post, commit):
         self.cfg, self.files, self.post, self.commit = cfg, files, post, commit
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="ssdgen-io")
-        self.cache = RowGroupCache(2)
+        self.reader = RowReader(keep_rows=KEEP_SHARDS * cfg.shard_size)
 
     def read(self, job) -> None:
         """Read the shard's rows (flows.window.Job); they come back as `Read(job, future)`."""
@@ -37,12 +42,13 @@ class IOPool:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True)
+        self.reader.close()
 
     def _submit(self, event: type, job, fn, *args) -> None:
         fut = self.pool.submit(fn, job, *args)
         fut.add_done_callback(lambda f: self.post(event(job, f)))
 
     def _read(self, job) -> list[dict]:  # an I/O thread
-        rows = [asdict(r) for r in read_shard(self.files, job.shard, self.cfg.seed, cache=self.cache)]
+        rows = [asdict(r) for r in read_shard(self.files, job.shard, self.cfg.seed, reader=self.reader)]
         mark_rows(rows, self.cfg.audit)  # by prompt_id alone, so every try of this shard audits the same prompts
         return rows

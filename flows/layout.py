@@ -2,9 +2,10 @@
 
     {out}/_config.json                                   run settings (no secrets); resume must match them
     {out}/_plan.json                                     a calibrated spec resolved once: its text + measurements
+    {out}/_price.json                                    the price the last run that decoded was costed at
     {out}/_lease/{generation:08d}.json                   the running driver's lease (flows.lease)
     {out}/shards/{shard:06d}/attempt-{uuid}/images.parquet   one row per prompt: image {bytes, path}, token grid, ...
-    {out}/shards/{shard:06d}/attempt-{uuid}/stats.parquet    one row per prompt: status, error, forwards, ...
+    {out}/shards/{shard:06d}/attempt-{uuid}/stats.parquet    one row per prompt: status, error, error_reason, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/audit.parquet    with --audit: one row per audited prompt (flows.audit)
     {out}/shards/{shard:06d}/attempt-{uuid}/{shard:05d}.tar  with --format webdataset|both (flows.webdataset_shards)
     {out}/shards/{shard:06d}/_SUCCESS.json               commit marker, written last, create-only
@@ -29,6 +30,7 @@ import io
 import json
 import posixpath
 import uuid
+from dataclasses import asdict
 from typing import Iterable, Iterator
 
 import pyarrow as pa
@@ -36,11 +38,13 @@ import pyarrow.parquet as pq
 
 from ssdgen.decoders.sample_stats import stat_columns
 
+from .cost import Price, recorded_price
 from .marker import Marker, file_kind  # noqa: F401 (file_kind re-exported)
 from .store import CorruptMarker, Store, StorageError, storage_error as _storage_error  # noqa: F401 (re-exported)
 
 CONFIG, MANIFEST, SUMMARY, MARKER = "_config.json", "manifest.parquet", "summary.json", "_SUCCESS.json"
 PLAN = "_plan.json"
+PRICE = "_price.json"  # not in _config.json: a price decides no image, so a resume may change it
 DAMAGED = "_DAMAGED"  # a marker whose files failed verification is moved to _DAMAGED-{uuid}.json beside it
 
 # `image` is the struct Hugging Face `datasets` stores its Image feature as ({bytes, path}); with the features
@@ -74,8 +78,10 @@ IMAGES_SCHEMA = pa.schema(_IMAGES_FIELDS, metadata=_hf_metadata(_IMAGES_FIELDS))
 _ARROW = {"int8": pa.int8(), "int32": pa.int32(), "float64": pa.float64(), "list<int8>": pa.list_(pa.int8()),
           "list<int32>": pa.list_(pa.int32())}
 # the sample's own columns, then every statistic as decoders/sample_stats.py defines it, then the pipeline's
-_SAMPLE = [("prompt_id", pa.string()), ("status", pa.string()), ("error", pa.string()), ("decoder", pa.string()),
-           ("grid_height", pa.int32()), ("grid_width", pa.int32())]
+# error_reason: a short code for why the row failed (workers/results.py, decoders/protocol.py); a run from before
+# it existed reads it as null (flows.reader reads by this schema)
+_SAMPLE = [("prompt_id", pa.string()), ("status", pa.string()), ("error", pa.string()), ("error_reason", pa.string()),
+           ("decoder", pa.string()), ("grid_height", pa.int32()), ("grid_width", pa.int32())]
 STAT_COLUMNS = [(name, _ARROW[kind]) for name, kind in stat_columns()]
 STATS_SCHEMA = pa.schema(_SAMPLE + STAT_COLUMNS + [("latency_s", pa.float64()), ("device_seconds", pa.float64())])
 
@@ -159,6 +165,15 @@ class Output(Store):
         and its spec text alone reproduces the run's tokens."""
         self.put(self.path(PLAN), json.dumps(plan, indent=1, sort_keys=True).encode())
 
+    def read_price(self) -> Price | None:
+        """The price the run recorded (`write_price`), else the one its summary was costed at, else None."""
+        return recorded_price(self.read_json(PRICE)) or recorded_price((self.read_json(SUMMARY) or {}).get("price"))
+
+    def write_price(self, price: Price) -> None:
+        """Record the run's price as it starts decoding: `ssdgen status` and the report cost the run at it
+        before its summary exists, and a later run with another price replaces it."""
+        self.put(self.path(PRICE), json.dumps(asdict(price), indent=1, sort_keys=True).encode())
+
     # data and commit --------------------------------------------------------------------------------
     def commit(self, marker: Marker) -> bool:
         """Write the shard's marker create-only. False if another attempt committed first."""
@@ -166,7 +181,7 @@ class Output(Store):
 
     def marker_paths(self) -> list[str]:
         """Every commit marker's path, in shard order (by the id in the path, numerically)."""
-        return sorted(self.fs.glob(self.path("shards", "*", MARKER)), key=_shard_of)
+        return sorted(self.glob("shards", "*", MARKER), key=_shard_of)
 
     def committed_ids(self, n_shards: int) -> bytearray:
         """flags[i] == 1 when shard i is committed: from the markers' names alone, one byte per shard."""
@@ -182,7 +197,7 @@ class Output(Store):
         `skip` (found damaged, flows.verify) are left out."""
         paths = [p for p in self.marker_paths() if _shard_of(p) not in skip]
         for i in range(0, len(paths), chunk):
-            data = self.fs.cat(paths[i:i + chunk])
+            data = self.cat_files(paths[i:i + chunk])
             for p in sorted(data, key=_shard_of):
                 yield self.parse_marker(p, data[p])
 
@@ -199,7 +214,7 @@ class Output(Store):
         """Uncommit a damaged shard: its marker moves to _DAMAGED-{uuid}.json (kept for inspection), so the
         shard counts as pending and the next run re-decodes it; gc then removes the attempt it named."""
         p = posixpath.join(self.shard_dir(shard), MARKER)
-        self.fs.mv(p, posixpath.join(self.shard_dir(shard), f"{DAMAGED}-{uuid.uuid4().hex[:8]}.json"))
+        self.move(p, posixpath.join(self.shard_dir(shard), f"{DAMAGED}-{uuid.uuid4().hex[:8]}.json"))
 
     def committed(self) -> dict[int, Marker]:
         """shard id -> marker, for every committed shard. Holds them all: for tools and tests, not the flow."""
@@ -210,7 +225,7 @@ class Output(Store):
         attempts). Returns how many. Without `committed`, only shards with more than one attempt folder have
         their marker read: a committed shard's single folder is the one its marker names."""
         by_shard: dict[int, list[str]] = {}
-        for d in self.fs.glob(self.path("shards", "*", "attempt-*")):
+        for d in self.glob("shards", "*", "attempt-*"):
             by_shard.setdefault(_shard_of(d), []).append(d)
         removed = 0
         for shard, dirs in sorted(by_shard.items()):
@@ -225,7 +240,7 @@ class Output(Store):
             keep = {f.attempt_dir for f in marker.files}
             for d in dirs:
                 if posixpath.relpath(d, self.root) not in keep:
-                    self.fs.rm(d, recursive=True)
+                    self.remove_tree(d)
                     removed += 1
         return removed
 
@@ -329,7 +344,8 @@ def shard_tables(samples: dict, rows: list[dict], decoder: str, model: str, imag
                          "grid_height": grid[0], "grid_width": grid[1], "tokens": s.tokens})
         st = s.stats or {}  # SampleStats.to_row(), or none for a failed sample
         stat_rows.append({"prompt_id": r["prompt_id"], "status": s.status, "error": s.error,
-                          "decoder": decoder, "grid_height": grid[0], "grid_width": grid[1]}
+                          "error_reason": s.error_reason, "decoder": decoder, "grid_height": grid[0],
+                          "grid_width": grid[1]}
                          | {name: st.get(name) for name, _ in STAT_COLUMNS}
                          | {"latency_s": s.latency_s, "device_seconds": s.latency_s * devices})
     return (pa.Table.from_pylist(img_rows, schema=IMAGES_SCHEMA),

@@ -8,27 +8,25 @@ work and output across retries and resumes.
 `ShardPlan` gives the same shards on demand (`plan[i]`), from the files' cumulative row counts: O(files)
 memory, so a run over millions of prompts never holds a list of its shards.
 
-`read_shard` reads one shard's rows, touching only the row groups that overlap it. Bad rows (null
-prompt, invalid UTF-8) come back as `Row`s with `error` set; they never fail the shard. Storage errors
-are raised as-is (OSError, ...) so the caller can retry them as transient. A `RowGroupCache` shared by the
-readers keeps the last few row groups: shards much smaller than a row group would otherwise each read and
-decompress the whole group again (a 20,000-row group read 2,000 times for shards of 10).
+`read_shard` reads one shard's rows, touching only the row groups that overlap it, in record batches through
+a `RowReader` (flows.row_reader): memory is bounded whatever the size of a row group, a row group is decoded
+about once however many shards it holds, and every read is of the content the run pinned at its start
+(flows.pinned). Bad rows (null prompt, invalid UTF-8) come back as `Row`s with `error` set; they never fail the
+shard. Storage errors are raised as-is (OSError, ...) so the caller can retry them as transient; a changed input
+is an InputError naming the file.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
-import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from ssdgen.flows.inputs import InputError, InputFile, derive_prompt_id, derive_seed, prompt_ids_as_text
+from ssdgen.flows.inputs import InputFile, derive_prompt_id, derive_seed, prompt_ids_as_text
+from ssdgen.flows.row_reader import RowReader
 
 
 @dataclass(frozen=True)
@@ -110,28 +108,6 @@ class ShardPlan:
         return Shard(i, tuple(pieces))
 
 
-class RowGroupCache:
-    """The last `size` row groups read (our columns only), shared by reader threads. Bounded: at most `size`
-    row groups are held, whatever the run's length."""
-
-    def __init__(self, size: int = 2):
-        self.size = size
-        self.tables: OrderedDict = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: tuple, load) -> pa.Table:
-        with self.lock:
-            if key in self.tables:
-                self.tables.move_to_end(key)
-                return self.tables[key]
-        table = load()  # outside the lock: another reader may load a different group meanwhile
-        with self.lock:
-            self.tables[key] = table
-            while len(self.tables) > self.size:
-                self.tables.popitem(last=False)
-        return table
-
-
 @dataclass
 class Row:
     prompt_id: str
@@ -140,35 +116,19 @@ class Row:
     error: str | None   # per-row problem; the row becomes an error row downstream, the shard goes on
 
 
-def _read_piece(f: InputFile, piece: Piece, storage_options: dict | None,
-                cache: RowGroupCache | None = None) -> pa.Table:
-    """Rows [start, stop) of one file, reading only the overlapping row groups and our columns."""
-    if not 0 <= piece.start <= piece.stop <= f.num_rows:
+def _read_piece(f: InputFile, piece: Piece, reader: RowReader) -> pa.Table:
+    """Rows [start, stop) of one file (start < stop), reading only the overlapping row groups and our columns."""
+    if not 0 <= piece.start < piece.stop <= f.num_rows:
         raise ValueError(f"{f.url}: piece rows [{piece.start}, {piece.stop}) outside 0..{f.num_rows}")
     offsets = list(itertools.accumulate(f.row_groups, initial=0))
     first = bisect.bisect_right(offsets, piece.start) - 1
     last = bisect.bisect_left(offsets, piece.stop) - 1  # last group holding row stop-1
-    if cache is None:
-        table = _read_groups(f, list(range(first, last + 1)), storage_options)
-    else:
-        table = pa.concat_tables([cache.get((f.url, g), lambda g=g: _read_groups(f, [g], storage_options))
-                                  for g in range(first, last + 1)])
-    return table.slice(piece.start - offsets[first], piece.stop - piece.start)
-
-
-def _read_groups(f: InputFile, groups: list[int], storage_options: dict | None) -> pa.Table:
-    fs, path = fsspec.core.url_to_fs(f.url, **(storage_options or {}))
-    with fs.open(path, "rb") as fh:
-        pf = pq.ParquetFile(fh)
-        md = pf.metadata
-        found = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
-        if found != f.row_groups:
-            # Rows would silently shift; retrying cannot help, so this is not an OSError.
-            raise InputError(f"{f.url}: file changed since it was listed "
-                             f"({md.num_rows} rows in {len(found)} row groups, "
-                             f"expected {f.num_rows} in {len(f.row_groups)})")
-        columns = [c for c in ("prompt", "prompt_id", "seed") if c in pf.schema_arrow.names]
-        return pf.read_row_groups(groups, columns=columns)
+    batches: list[pa.RecordBatch] = []
+    for g in range(first, last + 1):
+        lo, hi = max(piece.start, offsets[g]), min(piece.stop, offsets[g + 1])
+        if lo < hi:  # an empty row group holds nothing
+            batches += reader.read(f, g, lo - offsets[g], hi - offsets[g])
+    return pa.Table.from_batches(batches)
 
 
 def _as_bytes(column: pa.ChunkedArray) -> list[bytes | None]:
@@ -188,16 +148,23 @@ def _decode(value: bytes, name: str) -> tuple[str, str | None]:
 
 
 def read_shard(files: list[InputFile], shard: Shard, run_seed: int,
-               storage_options: dict | None = None, cache: RowGroupCache | None = None) -> list[Row]:
+               storage_options: dict | None = None, reader: RowReader | None = None) -> list[Row]:
     """The shard's rows in order. prompt_id: the column's value as text, else derived from (file, row).
     seed: the column's value, else derive_seed(run_seed, prompt_id); a null seed or null prompt_id is
-    derived the same way (a null is "not given", not an error)."""
+    derived the same way (a null is "not given", not an error). reader: the run's (shared by its I/O threads),
+    else one of the shard's own, with `storage_options`."""
+    if reader is None:
+        own = RowReader(storage_options)
+        try:
+            return read_shard(files, shard, run_seed, reader=own)
+        finally:
+            own.close()
     out: list[Row] = []
     for piece in shard.pieces:
         f = files[piece.file]
         if piece.start == piece.stop:
             continue
-        table = _read_piece(f, piece, storage_options, cache)
+        table = _read_piece(f, piece, reader)
         n = piece.stop - piece.start
         prompts = _as_bytes(table.column("prompt"))
         ids = _as_bytes(prompt_ids_as_text(table.column("prompt_id"))) if f.has_prompt_id else [None] * n

@@ -9,20 +9,19 @@ output's lease (flows.lease).
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass, field
 
 import fsspec
 
 from .cost import Price
-from .inputs import InputFile, check_unique_prompt_ids, list_inputs, with_identities
+from .endpoints import check_bucket
+from .inputs import InputFile, check_seeds, check_unique_prompt_ids, is_pattern, list_inputs, with_identities
 from .layout import CONFIG, Output, StorageError
 from .lease import Lease
 from .plan import ShardPlan
 from .settings import RunSettings
 from .verify import Damage, damaged_shards
-
-_GLOB = "*?["
-
 
 @dataclass
 class Prepared:
@@ -56,24 +55,18 @@ def check_output(cfg: RunSettings) -> Output:
             raise ValueError(f"--out {cfg.out}: is a file; give a folder (or an object-store prefix) for the run")
         if out.protocol not in ("file", "local"):
             bucket = out.root.split("/", 1)[0]
-            if not out.fs.exists(bucket):
-                raise ValueError(f"--out {cfg.out}: bucket {bucket!r} does not exist (ssdgen never creates "
-                                 "buckets); create it, or fix the URL")
+            check_bucket(f"--out {cfg.out}", out.fs, bucket)  # a missing bucket, or an endpoint/credential error
     except OSError as e:
         raise StorageError(e.errno, f"--out {cfg.out}: cannot reach the store ({type(e).__name__}: {e})") from None
     for p in cfg.prompts:
         fs, path = fsspec.core.url_to_fs(p)
-        base = path.split("*")[0].split("?")[0].split("[")[0].rstrip("/") if any(c in path for c in _GLOB) \
-            else path.rstrip("/")
+        pattern = is_pattern(fs, path)  # `in[1]/` that exists is a folder, not a glob
+        base = (re.split(r"[*?\[]", path)[0] if pattern else path).rstrip("/")
         same_store = type(fs) is type(out.fs)
-        if same_store and (out.root == base or out.root.startswith(base + "/")) and not _is_file(fs, path):
+        if same_store and (out.root == base or out.root.startswith(base + "/")) and (pattern or not fs.isfile(path)):
             raise ValueError(f"--out {cfg.out} is inside --prompts {p}: the run would read its own output as "
                              "prompts; put the output elsewhere")
     return out
-
-
-def _is_file(fs, path: str) -> bool:
-    return not any(c in path for c in _GLOB) and fs.isfile(path)
 
 
 def prepare(cfg: RunSettings, overwrite: bool = False, leased: bool = False) -> Prepared:
@@ -85,6 +78,7 @@ def prepare(cfg: RunSettings, overwrite: bool = False, leased: bool = False) -> 
         Lease(out).check_free()  # a second driver on this output is refused before it starts anything
     files = with_identities(list_inputs(list(cfg.prompts)))
     check_unique_prompt_ids(files)
+    check_seeds(files)
     plan = ShardPlan(files, cfg.shard_size)
     if overwrite:  # everything there goes (flows.pipeline, under the lease): nothing to compare
         return Prepared(cfg, price, files, plan, out, bytearray(len(plan)))
@@ -126,4 +120,4 @@ def clear(out: Output, keep: str) -> None:
         return
     for e in entries:
         if posixpath.basename(e.rstrip("/")) != keep:
-            out.fs.rm(e, recursive=True)
+            out.remove_tree(e)

@@ -70,7 +70,7 @@ def damaged_shards(out: Output, deep: bool = False) -> Iterator[Damage]:
     listing = _listing(out)
     paths = sorted((p for p in listing if p.endswith("/" + MARKER)), key=_shard_of)
     for i in range(0, len(paths), 512):
-        chunk = out.fs.cat(paths[i:i + 512])
+        chunk = out.cat_files(paths[i:i + 512])
         for p in sorted(chunk, key=_shard_of):
             try:
                 m = out.parse_marker(p, chunk[p])

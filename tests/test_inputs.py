@@ -311,12 +311,12 @@ def test_read_shard_spans_files_and_row_groups(tmp_path, monkeypatch):
     assert shards[1].pieces == (Piece(0, 20, 25), Piece(1, 0, 15))
 
     read = []
-    orig = pq.ParquetFile.read_row_groups
-    monkeypatch.setattr(pq.ParquetFile, "read_row_groups",
-                        lambda self, groups, columns=None, **kw: read.append((groups, columns)) or
-                        orig(self, groups, columns=columns, **kw))
+    orig = pq.ParquetFile.iter_batches
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches",
+                        lambda self, row_groups=None, columns=None, **kw: read.append((row_groups, columns)) or
+                        orig(self, row_groups=row_groups, columns=columns, **kw))
     rows = read_shard(files, shards[1], run_seed=5)
-    assert read == [([2], ["prompt", "prompt_id", "seed"]), ([0, 1], ["prompt"])]  # only overlapping groups
+    assert read == [([2], ["prompt", "prompt_id", "seed"]), ([0], ["prompt"]), ([1], ["prompt"])]  # overlapping only
     assert [r.prompt for r in rows] == prompts(25, "a")[20:] + prompts(30, "b")[:15]
     assert [r.prompt_id for r in rows[:5]] == [f"id{i}" for i in range(20, 25)]
     assert [r.seed for r in rows[:5]] == list(range(120, 125))

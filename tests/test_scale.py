@@ -1,4 +1,4 @@
-"""Millions of prompts in one run: the lazy shard plan, the row-group cache, markers streamed from storage, the
+"""Millions of prompts in one run: the lazy shard plan, the streaming row reader, markers streamed from storage, the
 group ranges and errors of the bounded window (fast); and, slow, 2,000 shards with the tiny model: the driver's
 memory stays flat (through `ssdgen dev bench-scale`), and a driver killed mid-run then rerun commits every
 prompt_id exactly once."""
@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from ssdgen.flows.inputs import InputFile, list_inputs
-from ssdgen.flows.plan import RowGroupCache, ShardPlan, plan_shards, read_shard
+from ssdgen.flows.plan import ShardPlan, plan_shards, read_shard
+from ssdgen.flows.row_reader import RowReader
 from ssdgen.flows.marker import Marker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,15 +42,16 @@ def test_lazy_plan_gives_the_same_shards_as_the_list():
         big[10_000]
 
 
-def test_row_group_cache_reads_the_same_rows_and_stays_bounded(tmp_path):
+def test_row_reader_reads_the_same_rows_and_stays_bounded(tmp_path):
     src = tmp_path / "p.parquet"
     pq.write_table(pa.table({"prompt": [f"a red circle {i}" for i in range(100)],
                              "prompt_id": [f"id{i}" for i in range(100)]}), src, row_group_size=30)
     files = list_inputs([str(src)])
-    cache = RowGroupCache(2)
+    reader = RowReader(cursors=2)
     for shard in plan_shards(files, 7):  # shards span row-group boundaries
-        assert read_shard(files, shard, 0, cache=cache) == read_shard(files, shard, 0)
-        assert len(cache.tables) <= 2
+        assert read_shard(files, shard, 0, reader=reader) == read_shard(files, shard, 0)
+        assert len(reader.cursors) <= 2
+    reader.close()
 
 
 def _commit(out, shard: int, attempts: int = 1) -> None:

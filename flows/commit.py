@@ -1,18 +1,23 @@
 """Writing and committing a shard, on an I/O thread: the shard's tables and marker, its files under a new
 attempt key, then the create-only commit of the marker (flows.layout), so a shard commits exactly once however
-many attempts wrote it. The run's lease guard is called right before each commit: a driver whose lease was
-taken over must commit nothing more (flows.lease), nor may an aborted run. Kept apart from the window
+many attempts wrote it. The run's lease guard is called right before each commit, and the output's fence before
+every write: a driver whose lease was taken over must write nothing more (flows.lease), and removes the attempts
+it had begun; nor may an aborted run commit. Kept apart from the window
 (flows.dispatch) because none of this touches the window's state: it runs on the I/O threads, and only its
 outcome comes back, as an event."""
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections import Counter
 from datetime import datetime, timezone
 
+from ssdgen.workers.results import UNRECORDED
+
 from .audit import AUDIT_FILE, audit_table, shard_audit
-from .layout import Output, shard_tables
+from .layout import MARKER, Output, shard_tables
+from .lease import LeaseLost
 from .marker import Marker
 from .ticket import is_transient
 from .webdataset_shards import shard_files
@@ -29,10 +34,12 @@ def shard_marker(job, cfg) -> tuple[dict, object, object, object | None]:
     audited, audit = shard_audit(job.results, dev)
     audit_t = audit_table(audited, cfg.audit_label) if cfg.audit > 0 else None
     errors = Counter(s.error for s in samples.values() if not s.ok)
+    reasons = Counter(s.error_reason or UNRECORDED for s in samples.values() if not s.ok)
     # the actor's audit seconds leave the shard's time: the images are costed without it, the audit apart
     wall = max(0.0, job.alloc_s - audit["seconds"])
     marker = {"shard": job.shard.id, "rows": len(samples), "ok": len(samples) - sum(errors.values()),
-              "failed": sum(errors.values()), "errors": dict(errors.most_common(10)), "wall_s": wall,
+              "failed": sum(errors.values()), "errors": dict(errors.most_common(10)),
+              "error_reasons": dict(reasons.most_common()), "wall_s": wall,
               "busy_s": job.busy_s, "load_s": job.load_s, "devices": dev, "device_type": cfg.device_type,
               "device_seconds_allocated": (wall + job.load_s) * dev, "device_seconds_busy": job.busy_s * dev,
               "started_at": job.started_at, "actor_pid": job.where.get("pid"),
@@ -52,17 +59,42 @@ class Commit:
         """Tables, files under a new attempt, marker. Returns (marker, or None when another attempt won the
         commit; seconds from the last batch to the commit)."""
         marker, images, stats, audit_t = shard_marker(job, self.cfg)
+        attempts = []
         for attempt_no in range(WRITE_TRIES):
+            attempts.append(self.out.new_attempt(job.shard.id))
             try:
-                return self._put(job.shard.id, marker, images, stats, audit_t), time.perf_counter() - decoded_at
+                return (self._put(job.shard.id, attempts[-1], marker, images, stats, audit_t),
+                        time.perf_counter() - decoded_at)
+            except LeaseLost:
+                self._discard(job.shard.id, attempts)
+                raise
             except Exception as e:  # noqa: BLE001 - transient ones are retried here, under a new attempt key
                 if attempt_no + 1 == WRITE_TRIES or not is_transient(e) or self.aborted() is not None:
                     raise
                 time.sleep(0.2 * 2 ** attempt_no)
 
-    def _put(self, shard: int, marker: dict, images, stats, audit_t) -> Marker | None:
+    def _discard(self, shard: int, attempts: list[str]) -> None:
+        """A driver that lost the lease leaves no attempt behind. The last one was never committed (the lease's
+        check, the output's fence, raised before its marker's write); an earlier, transiently failed one is kept
+        if the shard's marker names it. No other driver writes under these names, and a write that was under
+        way when the driver froze may have landed since: removed too."""
+        p = posixpath.join(self.out.shard_dir(shard), MARKER)
+        try:
+            keep = {self.out.path(f.attempt_dir) for f in self.out.parse_marker(p, self.out.fs.cat_file(p)).files}
+        except FileNotFoundError:
+            keep = set()
+        except (OSError, ValueError):  # cannot tell which one it names: remove only the one never committed
+            keep = set(attempts[:-1])
+        for attempt in attempts:
+            if attempt in keep:
+                continue
+            try:
+                self.out.remove_tree(attempt, fenced=False)
+            except OSError:  # nothing written there, or a store hiccup: the holder's gc removes it
+                continue
+
+    def _put(self, shard: int, attempt: str, marker: dict, images, stats, audit_t) -> Marker | None:
         out = self.out
-        attempt = out.new_attempt(shard)
         # images.parquet, stats.parquet and/or the WebDataset tar, as --format says
         files = shard_files(out, attempt, shard, images, stats, self.cfg.format, self.cfg.shard_size)
         if audit_t is not None:  # written even when empty: the marker then says this shard was audited

@@ -24,6 +24,7 @@ from .commit import Commit
 from .events import Abort, Admit, Batch, Probe, Read, Stop, Written
 from .io_pool import IOPool
 from .layout import Output
+from .lease import LeaseLost
 from .marker import Marker
 from .plan import Shard
 from .scheduling import Scheduler
@@ -104,6 +105,8 @@ class Dispatcher:
                     self.io.read(job)
             case Read(job) | Written(job) if job.finished:
                 pass  # the shard ended meanwhile (an abort, a failed batch): its late I/O changes nothing
+            case Written(job, fut) if isinstance(fut.exception(), LeaseLost):
+                self._abort(fut.exception(), quiet=True)  # another driver holds the output: no shard may commit
             case Read(job, fut) | Written(job, fut) if fut.exception() is not None:
                 self.window.finish(job, exc=fut.exception())
             case Read(job, fut):

@@ -88,3 +88,36 @@ def probe(fs, path: str) -> BaseException | None:
     except Exception as e:
         return e if unreachable(e) is not None else None
     return None
+
+
+def refused(exc: BaseException) -> str | None:
+    """The store's code for refused credentials or access ("InvalidAccessKeyId / 403", "403 Forbidden"), or
+    None when exc is no such refusal. s3fs turns a 403 into PermissionError; botocore's error carries the code."""
+    chain = list(causes(exc))
+    if not any(isinstance(e, PermissionError) for e in chain):
+        return None
+    for e in chain:
+        error = (getattr(e, "response", None) or {}).get("Error") or {}
+        code = str(error.get("Code") or "")
+        if code and not code.isdigit():
+            return f"{code} / 403"
+    return "403 Forbidden"
+
+
+def check_bucket(url: str, fs, bucket: str) -> None:
+    """The bucket exists and the store lets these credentials in; a ValueError of one line naming which failed:
+    an endpoint not reached, credentials refused, or a missing bucket (s3fs's `exists` says False for all)."""
+    if (e := probe(fs, bucket)) is not None:
+        where = endpoint_of(e, fs)
+        raise ValueError(f"{url}: could not reach the storage endpoint{f' {where}' if where else ''} "
+                         f"({unreachable(e)}); check AWS_ENDPOINT_URL / the endpoint_url setting")
+    try:
+        fs.info(bucket)
+    except FileNotFoundError:
+        raise ValueError(f"{url}: bucket {bucket!r} does not exist (ssdgen never creates buckets); create it, or "
+                         "fix the URL") from None
+    except OSError as e:
+        if (code := refused(e)) is None:
+            raise
+        raise ValueError(f"{url}: the store refused the credentials for bucket {bucket!r} ({code}); check "
+                         "AWS_ACCESS_KEY_ID / AWS_PROFILE and the bucket's policy") from None

@@ -1,17 +1,26 @@
-"""One driver per output: a run holds a lease on its `--out` while it plans, calibrates and commits.
+"""One driver per output: a run holds a lease on its `--out` while it plans, calibrates and commits, and a driver
+that lost it changes nothing more.
 
-    {out}/_lease/{generation:08d}.json    {owner, host, pid, started_at, heartbeat}
+    {out}/_lease/{generation:08d}.json    {token, host, pid, started_at, heartbeat, beat}
 
 The lease is the highest generation. Taking it is a create-only write of the next generation (the same
-create-only write as a commit marker: a hard link on a local disk, `If-None-Match: *` on S3), so of two drivers
-racing for one generation exactly one wins. The holder rewrites its own file every `ttl / 4` seconds (the
-heartbeat) and, each time, checks that no higher generation exists; if one does, the lease was taken over and
-the holder stops committing. A second driver on a held lease is refused with one line naming the holder. A
-lease whose heartbeat is older than `ttl`, or whose holder was a process on this host that no longer exists (a
-SIGKILLed driver), is taken over by writing the next generation.
+create-only write as a commit marker, flows.store.Store.create), so of two drivers racing for one generation
+exactly one wins; the record's unique `token` tells the winner its own write when the store's answer was lost
+and the client's retry found the object there.
 
-Heartbeats are judged by the reader's clock against the holder's: clocks of a cluster's machines must agree to
-well within `ttl` (60 s by default, SSDGEN_LEASE_TTL_S).
+Renewing (the heartbeat, every `ttl / 4`): read the top generation back, check it is still ours (its number and
+our token), and rewrite it with `beat` counted up. A driver writes (data, markers, manifest, summary; every
+write through the run's Output, whose fence is `check`) only within `ttl / 2` of its last renewal, measured on
+its own monotonic clock; past that, `check` renews first. A frozen or stalled driver therefore learns of a
+takeover before its next write, and one whose renewal did not land within `ttl` of the one before gives the
+lease up (a watcher may have taken it over meanwhile). Its uncommitted attempts are removed (flows.commit).
+
+Judging a holder, on the observer's clock (never the holder's): a holder on this host is stale when its process
+is gone, or its heartbeat (this machine's clock) is over `ttl` old. A holder on another host, or a record that is
+not a lease (named in what the driver says), is watched: if its object changes while watched, the holder is
+alive and the run is refused in one line; if it stays unchanged for `ttl` as this process's monotonic clock
+measures, it is taken over. A heartbeat ahead of this machine's clock is said in words ("1 h ahead"), never as a
+negative age. `ttl` is 60 s by default (SSDGEN_LEASE_TTL_S).
 """
 
 from __future__ import annotations
@@ -20,14 +29,22 @@ import json
 import os
 import posixpath
 import socket
+import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from .layout import Output
 
 LEASE_DIR = "_lease"
+SAME_HOST_SLACK_S = 2.0  # a heartbeat this far ahead of our own clock is still our clock (rounding, a step)
+
+# lease path -> (the bytes this process read there, monotonic time it first read them): what a watcher has seen
+# unchanged, kept across Lease objects, so the flow's acquire does not watch again what the CLI just watched
+_SEEN: dict[str, tuple[bytes, float]] = {}
+_SEEN_LOCK = threading.Lock()
 
 
 def _ttl() -> float:
@@ -39,38 +56,75 @@ class LeaseHeld(RuntimeError):
 
 
 class LeaseLost(RuntimeError):
-    """This driver's lease was taken over: it must not commit anything more."""
+    """This driver's lease was taken over: it must not write anything more."""
+
+
+@dataclass
+class _Top:
+    """One read of the highest generation: its record, or why it is not one (`problem`); raw None: none held."""
+    gen: int
+    path: str | None = None
+    raw: bytes | None = None
+    rec: dict | None = None
+    problem: str | None = None
+
+
+def _say(line: str) -> None:
+    print(f"lease: {line}", file=sys.stderr, flush=True)
 
 
 class Lease:
-    def __init__(self, out: Output, ttl: float | None = None):
-        self.out, self.ttl = out, ttl or _ttl()
-        self.me = {"owner": uuid.uuid4().hex[:12], "host": socket.gethostname(), "pid": os.getpid(),
+    def __init__(self, out: Output, ttl: float | None = None, say=_say):
+        """say: where a line about a watched holder goes (stderr: the CLI has no logger yet)."""
+        self.out, self.ttl, self.say = out, ttl or _ttl(), say
+        self.token = uuid.uuid4().hex
+        self.me = {"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
                    "started_at": datetime.now(timezone.utc).isoformat()}
-        self.gen = 0
+        self.gen = self.beat = 0
+        self.renewed_at = 0.0  # monotonic start of the last renewal that landed
         self.lost = threading.Event()
+        self.lost_why = ""
+        self._lock = threading.Lock()  # one renewal at a time: the heartbeat's, or a writer's after a pause
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._stale: str | None = None  # the holder check_free found stale (said once the lease is ours)
 
     # ------------------------------------------------------------------ taking and giving back
     def check_free(self) -> int:
-        """Raise LeaseHeld naming the live holder, if there is one; else the current generation. Takes nothing:
-        the CLI asks before it starts any server, the flow then takes the lease."""
-        gen, holder = self._current()
-        if holder is not None and (why := self._alive(holder)):
-            raise LeaseHeld(f"{self.out.url}: another ssdgen run is writing here ({why}); wait for it to "
-                            f"finish, or stop it (if it died, its lease expires {self.ttl:.0f} s after its last "
-                            "heartbeat)")
-        return gen
+        """The current generation once the lease may be taken: free, or its holder stale. Raises LeaseHeld
+        naming a live holder. A holder it cannot judge at once is watched, for up to `ttl`. Takes nothing: the
+        CLI asks before it starts any server, the flow then takes the lease."""
+        while True:
+            top = self._top()
+            if top.raw is None:
+                self._stale = None
+                return top.gen
+            verdict, why = self._judge(top)
+            if verdict == "watch":
+                verdict = self._watch(top, why)
+                why += {"alive": "; its lease changed while this driver watched it",
+                        "stale": f"; it stayed unchanged for {self.ttl:.0f} s"}.get(verdict, "")
+            if verdict == "stale":
+                self._stale = why
+                return top.gen
+            if verdict == "alive":
+                raise LeaseHeld(f"{self.out.url}: another ssdgen run is writing here ({why}); wait for it to "
+                                f"finish, or stop it (if it died, its lease is taken over once it has not "
+                                f"changed for {self.ttl:.0f} s)")
+            # "moved": released or taken meanwhile: judge the new top
 
     def acquire(self) -> "Lease":
         """Take the lease, or raise LeaseHeld naming its live holder."""
         for _ in range(5):
             gen = self.check_free()
+            t0 = time.monotonic()
+            self.beat = 0
             if self.out.create(self._path(gen + 1), self._record()):
-                self.gen = gen + 1
+                self.gen, self.renewed_at = gen + 1, t0
                 self._thread = threading.Thread(target=self._beat, name="ssdgen-lease", daemon=True)
                 self._thread.start()
+                if self._stale:
+                    self.say(f"took the lease over: {self._stale}")
                 return self
         raise LeaseHeld(f"{self.out.url}: other drivers keep taking the lease; is a second run starting?")
 
@@ -78,7 +132,7 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self.gen and not self.lost.is_set():
+        if self._still_ours():
             for gen in range(self.gen, 0, -1):  # ours and the dead holders' before us
                 try:
                     self.out.fs.rm_file(self._path(gen))
@@ -87,14 +141,20 @@ class Lease:
 
     def give_back(self) -> None:
         """Remove our lease now, without waiting for the heartbeat (a hard exit: flows.interrupts)."""
-        if self.gen and not self.lost.is_set():
+        if self._still_ours():
             self.out.fs.rm_file(self._path(self.gen))
 
     def check(self) -> None:
-        """Raise LeaseLost if another driver took the lease over (called before every commit)."""
+        """Raise LeaseLost unless this driver may still write: the output's fence, called before every write
+        (flows.store), and before every commit. Free while the last renewal is recent; after a pause it renews
+        first, so a driver that slept through a takeover finds out before it writes."""
+        if not self.lost.is_set() and time.monotonic() - self.renewed_at >= self.ttl / 2:
+            with self._lock:
+                if not self.lost.is_set() and time.monotonic() - self.renewed_at >= self.ttl / 2:
+                    self._renew()
         if self.lost.is_set():
-            raise LeaseLost(f"{self.out.url}: another driver took over this run's lease; stopping before it "
-                            "commits anything more")
+            raise LeaseLost(f"{self.out.url}: this driver lost the run's lease ({self.lost_why}); it stops "
+                            "without writing anything more (the driver that holds the lease finishes the run)")
 
     def __enter__(self) -> "Lease":
         return self.acquire()
@@ -102,12 +162,86 @@ class Lease:
     def __exit__(self, *exc) -> None:
         self.release()
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ renewing
+    def _beat(self) -> None:
+        while not self._stop.wait(self.ttl / 4):
+            try:
+                with self._lock:
+                    self._renew()
+            except OSError:  # a storage hiccup: the next beat tries again; `check` stops writes meanwhile
+                continue
+            if self.lost.is_set():
+                return
+
+    def _renew(self) -> None:
+        """Confirm the top generation is still ours, then rewrite it; the lease is lost when another driver
+        holds the top, or when this renewal lands `ttl` or more after the last one began (a watcher may have
+        taken it over in between). Called with `_lock` held."""
+        t0 = time.monotonic()
+        if not self._still_ours():
+            return self._lose("another driver took it over")
+        self.beat += 1
+        self.out.put(self._path(self.gen), self._record())
+        if (late := time.monotonic() - self.renewed_at) >= self.ttl:
+            return self._lose(f"it went {late:.0f} s without a renewal, more than its {self.ttl:.0f} s time to "
+                              "live, so another driver may have taken it over")
+        self.renewed_at = t0
+
+    def _still_ours(self) -> bool:
+        if not self.gen or self.lost.is_set():
+            return False
+        top = self._top()
+        return top.gen == self.gen and (top.rec or {}).get("token") == self.token
+
+    def _lose(self, why: str) -> None:
+        self.lost_why = why
+        self.lost.set()
+
+    # ------------------------------------------------------------------ judging a holder
+    def _judge(self, top: _Top) -> tuple[str, str]:
+        """("alive" | "stale" | "watch", why in words) for the holder of `top`."""
+        url = self.out.full_url(top.path)
+        if top.rec is None:
+            return "watch", f"{url} is not a lease record ({top.problem})"
+        h = top.rec
+        who = f"held by pid {h['pid']} on {h['host']} since {h.get('started_at')}"
+        age = time.time() - h["heartbeat"]
+        if h["host"] == self.me["host"]:  # one clock: its heartbeat can be read against ours
+            if not _pid_alive(h["pid"]):
+                return "stale", f"{who}, a process that no longer exists"
+            if age > self.ttl:
+                return "stale", f"{who}, last heartbeat {_words(age)} ago"
+            if age >= -SAME_HOST_SLACK_S:
+                return "alive", f"{who}, last heartbeat {_words(max(age, 0))} ago"
+        if age < -SAME_HOST_SLACK_S:
+            when = f"its last heartbeat is {_words(-age)} ahead of this machine's clock (the clocks disagree)"
+        else:
+            when = f"last heartbeat {_words(max(age, 0))} ago by this machine's clock"
+        return "watch", f"{who}, {when}"
+
+    def _watch(self, top: _Top, why: str) -> str:
+        """"alive" if the record changes within `ttl` of when this process first saw it, "stale" if it does not,
+        "moved" if it was released or another generation appeared meanwhile."""
+        first = _first_seen(top.path, top.raw)
+        left = first + self.ttl - time.monotonic()
+        if left > 0:
+            self.say(f"{why}; watching it: taken over if it stays unchanged for {left:.0f} s more")
+        poll = min(1.0, self.ttl / 8)
+        while (left := first + self.ttl - time.monotonic()) > 0:
+            time.sleep(min(poll, left))
+            now = self._top()
+            if now.gen != top.gen or now.raw is None:
+                return "moved"
+            if now.raw != top.raw:
+                return "alive"
+        return "stale"
+
+    # ------------------------------------------------------------------ the records
     def _path(self, gen: int) -> str:
         return self.out.path(LEASE_DIR, f"{gen:08d}.json")
 
     def _record(self) -> bytes:
-        return json.dumps(self.me | {"heartbeat": time.time()}).encode()
+        return json.dumps(self.me | {"heartbeat": time.time(), "beat": self.beat}).encode()
 
     def _generations(self) -> list[int]:
         try:
@@ -117,34 +251,49 @@ class Lease:
             return []
         return sorted(int(n) for n in (posixpath.basename(p).removesuffix(".json") for p in names) if n.isdigit())
 
-    def _current(self) -> tuple[int, dict | None]:
+    def _top(self) -> _Top:
         gens = self._generations()
         if not gens:
-            return 0, None
+            return _Top(0)
+        path = self._path(gens[-1])
         try:
-            return gens[-1], json.loads(self.out.fs.cat_file(self._path(gens[-1])))
-        except (FileNotFoundError, ValueError):  # released meanwhile, or a torn record: nobody holds it
-            return gens[-1], None
+            raw = self.out.fs.cat_file(path)
+        except FileNotFoundError:  # released meanwhile
+            return _Top(gens[-1], path)
+        rec, problem = _parse(raw)
+        return _Top(gens[-1], path, raw, rec, problem)
 
-    def _alive(self, h: dict) -> str | None:
-        """Why the holder counts as alive (a line for the user), or None if its lease may be taken over."""
-        age = time.time() - float(h.get("heartbeat", 0))
-        if age > self.ttl:
-            return None
-        if h.get("host") == self.me["host"] and not _pid_alive(int(h.get("pid", -1))):
-            return None
-        return (f"held by pid {h.get('pid')} on {h.get('host')} since {h.get('started_at')}, last heartbeat "
-                f"{age:.0f} s ago")
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self.ttl / 4):
-            try:
-                if self._generations()[-1:] != [self.gen]:
-                    self.lost.set()
-                    return
-                self.out.put(self._path(self.gen), self._record())  # atomic: a reader never sees half a record
-            except OSError:  # a storage hiccup: the next beat tries again, well inside the ttl
-                continue
+def _parse(raw: bytes) -> tuple[dict | None, str | None]:
+    """A lease record, or None and what is wrong with it (in words)."""
+    try:
+        rec = json.loads(raw)
+    except ValueError as e:
+        return None, f"not JSON: {e}"
+    if not isinstance(rec, dict):
+        return None, "not a JSON object"
+    for key, kinds, kind in (("host", str, "a string"), ("pid", int, "an integer"),
+                             ("heartbeat", (int, float), "a number")):
+        if not isinstance(rec.get(key), kinds) or isinstance(rec.get(key), bool):
+            return None, f"{key} is {json.dumps(rec.get(key))}, not {kind}"
+    return rec, None
+
+
+def _first_seen(path: str, raw: bytes) -> float:
+    now = time.monotonic()
+    with _SEEN_LOCK:
+        seen = _SEEN.get(path)
+        if seen is None or seen[0] != raw:
+            _SEEN[path] = seen = (raw, now)
+        return seen[1]
+
+
+def _words(seconds: float) -> str:
+    """A duration as people say it: 12 s, 5 min, 1 h, 2 h 5 min."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return " ".join(p for p in (f"{hours} h" if hours else "", f"{minutes} min" if minutes else "") if p)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -235,8 +235,9 @@ def execute(cfg: RunSettings, progress: bool = True, overwrite: bool = False) ->
         with Lease(Output(cfg.out)) as lease:
             stop.last_words.append(lease.give_back)
             if overwrite:
-                _overwrite(prepare(cfg, overwrite=True, leased=True).out, log)
+                _overwrite(prepare(cfg, overwrite=True, leased=True).out, log, lease.check)
             prep = prepare(cfg, leased=True)  # read under the lease: what another driver committed before is seen
+            prep.out.fence = lease.check  # every write of this run checks the lease first (flows.store)
             line.done = prep.done
             stop.check()
             _record(prep, log)
@@ -268,20 +269,23 @@ class _StatusLine:
         return f"interrupted: {self.done.count(1)}/{len(self.done)} shards committed; run the same command to resume"
 
 
-def _overwrite(out: Output, log) -> None:
+def _overwrite(out: Output, log, fence) -> None:
+    out.fence = fence
     files, size = output_size(out)
     log.warning(f"--overwrite: deleting the run at {out.url} ({files} files, {size / 2**20:.1f} MiB)")
     clear(out, keep=LEASE_DIR)
 
 
 def _record(prep: Prepared, log) -> None:
-    """Pin the settings (a run that committed nothing takes new ones, said in the log) and set damaged shards
-    aside, so this run re-decodes them."""
+    """Pin the settings (a run that committed nothing takes new ones, said in the log), record the price, and set
+    damaged shards aside, so this run re-decodes them."""
     if prep.changed:
         log.warning(f"{prep.out.url}: no shard was committed with the recorded settings; taking the new ones "
                     f"({prep.changed} differ)")
     if prep.changed or prep.out.read_json(CONFIG) is None:
         prep.out.write_config(prep.cfg.recorded(prep.files), replacing=bool(prep.changed))
+    if prep.pending:  # a run with nothing to decode keeps its summary, so the price that summary was costed at
+        prep.out.write_price(prep.price)
     set_aside(prep.out, prep.damaged, log)
 
 
@@ -301,6 +305,7 @@ def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict
     summary["images_per_s_steady"] = ran["images"] / steady if ran["commits"] and steady > 0 else None
     summary |= {"out": out.url, "shards_total": len(plan), "shards_committed": summary["shards"],
                 "shards_run_now": ran["commits"], "shards_failed": {str(k): v for k, v in failed.items()},
+                "errors_by_reason": dict(fold.reasons.most_common()),
                 "shards_redecoded": [d.shard for d in prep.damaged],
                 "attempts_removed": removed, "decoder": str(cfg.decoder), "model": cfg.model,
                 "batch_size": ran.get("batch_size", cfg.batch_size), "image_format": cfg.image_format,
@@ -310,14 +315,16 @@ def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict
                 "decode_plan": plan_summary(out.read_plan()), "interrupted": ran.get("interrupted") is not None,
                 "manifest": manifest, "finished_at": datetime.now(timezone.utc).isoformat()}
     summary["summary"] = out.write_summary(summary)
-    _artifacts(summary, fold.errors)
+    _artifacts(summary, fold.errors, fold.reasons)
     return summary
 
 
-def _artifacts(summary: dict, errors: Counter) -> None:
+def _artifacts(summary: dict, errors: Counter, reasons: Counter) -> None:
     create_table_artifact(table=cost_table(summary) + audit_rows(summary.get("audit")), key="ssdgen-cost",
                           description=f"Cost and throughput of {summary['out']}")
     lines = [f"- {n} × {msg}" for msg, n in errors.most_common(20)] or ["- none"]
+    if reasons:
+        lines = [f"By reason: {', '.join(f'{r} {n}' for r, n in reasons.most_common())}", ""] + lines
     create_markdown_artifact(markdown="## Failed samples\n" + "\n".join(lines), key="ssdgen-failures",
                              description="Per-sample errors in committed shards")
 

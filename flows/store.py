@@ -2,11 +2,15 @@
 not at all (`put`: a temp file and a rename on a local disk, one PUT on an object store), a create-only write
 (`create`: a hard link locally, `If-None-Match: *` on S3) for commit markers and leases, and every refusal of the
 store (a full disk, no permission) as one `StorageError` naming the URL. Object stores never get a bucket made.
+
+A run's Output carries a fence (its driver's lease check, flows.lease): every write and delete here calls it
+first, so a driver that lost its lease changes nothing more.
 """
 
 from __future__ import annotations
 
 import errno
+import fnmatch
 import hashlib
 import io
 import json
@@ -38,6 +42,8 @@ def storage_error(url: str, exc: OSError) -> StorageError:
 class Store:
     """Files under one root URL."""
 
+    fence = None  # a callable that raises when this driver may no longer write (set by the run: flows.pipeline)
+
     def __init__(self, url: str):
         self.fs, root = fsspec.core.url_to_fs(url)
         self.root = root.rstrip("/")
@@ -65,6 +71,7 @@ class Store:
             raise CorruptMarker(f"{self.full_url(p)}: not valid JSON ({e}); the file was damaged or edited") from None
 
     def remove(self, name: str) -> None:
+        self._fenced()
         try:
             self.fs.rm_file(self.path(name))
         except FileNotFoundError:
@@ -74,6 +81,7 @@ class Store:
         """Replace the file at `path` whole, or leave the old one: a failure (a full disk) never leaves a
         half-written file where a good one was. Local disks: a temp file beside it, then an atomic rename;
         object stores: one PUT, which is visible complete or not at all."""
+        self._fenced()
         self._parent(path)
         try:
             if self.protocol not in ("file", "local"):
@@ -91,6 +99,10 @@ class Store:
             raise
         except OSError as e:
             raise storage_error(self.full_url(path), e) from None
+
+    def _fenced(self) -> None:
+        if self.fence is not None:
+            self.fence()
 
     def _parent(self, path: str) -> None:
         """Local file systems need the folder; object stores have no folders (and must not get buckets made)."""
@@ -110,6 +122,7 @@ class Store:
         """One PUT of a whole file (visible all at once, or not at all); returns its record for the marker: its
         size, SHA-256 and what the store can check cheaply later (flows.verify): the MD5 an S3 ETag is, and a
         local file's mtime."""
+        self._fenced()
         self._parent(path)
         try:
             self.fs.pipe_file(path, data)
@@ -122,11 +135,15 @@ class Store:
             raise storage_error(self.full_url(path), e) from None
 
     def create(self, p: str, data: bytes) -> bool:
-        """Write `data` at `p` create-only, all at once. False if the name exists."""
+        """Write `data` at `p` create-only, all at once. False if the name holds another writer's object. `data`
+        must be unique to this writer (a lease's token, a marker's attempt): when the store's answer to our PUT
+        is lost, the client retries and finds the object there, and reading it back tells our own write from
+        another's."""
+        self._fenced()
         self._parent(p)
         if self.protocol in ("file", "local"):
             try:
-                return _link_create(p, data)
+                return _link_create(p, data) or self._ours(p, data)
             except OSError as e:
                 raise storage_error(self.full_url(p), e) from None
         try:
@@ -134,12 +151,61 @@ class Store:
                 f.write(data)
             return True
         except FileExistsError:
-            return False
+            return self._ours(p, data)
         except (ValueError, NotImplementedError):  # a filesystem without create-only writes
             if self.fs.exists(p):
-                return False
+                return self._ours(p, data)
             self.fs.pipe_file(p, data)
             return True
+
+    def _ours(self, p: str, data: bytes) -> bool:
+        self.fs.invalidate_cache(p)  # a cached listing from before our write would say the object is not there
+        try:
+            return self.fs.cat_file(p) == data
+        except FileNotFoundError:  # removed again meanwhile (a released lease): not ours either
+            return False
+
+    # paths taken literally ------------------------------------------------------------------------------
+    # fsspec reads `*?[` as a glob wherever it expands a path (glob, cat of a list, rm and mv on an object store):
+    # in a run at `runs/br[1]` it would list, read or delete the files of `runs/br1`. These never expand the root.
+    def glob(self, folder: str, *patterns: str) -> list[str]:
+        """Paths under root/folder matching `patterns`, one glob per level below it (fnmatch): the root and the
+        folder are taken as written. One listing, as fsspec's own glob makes."""
+        base = self.path(folder)
+        try:
+            found = self.fs.find(base, maxdepth=len(patterns), withdirs=True)
+        except FileNotFoundError:
+            return []
+        out = []
+        for p in found:
+            parts = posixpath.relpath(p, base).split("/")
+            if len(parts) == len(patterns) and all(map(fnmatch.fnmatchcase, parts, patterns)):
+                out.append(p)
+        return out
+
+    def cat_files(self, paths: list[str]) -> dict[str, bytes]:
+        """path -> content of each file, read concurrently where the store can (an object store)."""
+        return dict(zip(paths, self.fs.cat_ranges(list(paths), None, None, on_error="raise")))
+
+    def remove_tree(self, path: str, fenced: bool = True) -> None:
+        """Delete a file or a folder with everything under it. `fenced=False` only for what this driver alone
+        wrote and never committed (its attempt, removed after it lost the lease: flows.commit)."""
+        if fenced:
+            self._fenced()
+        if self.protocol in ("file", "local") or not any(c in path for c in "*?["):
+            self.fs.rm(path, recursive=True)  # a local disk's rm does not glob
+            return
+        for p in self.fs.find(path):  # a request per file, only where the run's URL holds glob characters
+            self.fs.rm_file(p)
+
+    def move(self, src: str, dst: str) -> None:
+        """Rename a file (an object store: copy, then delete, as fsspec's mv does)."""
+        self._fenced()
+        if self.protocol in ("file", "local"):
+            self.fs.mv(src, dst)
+            return
+        self.fs.cp_file(src, dst)
+        self.fs.rm_file(src)
 
 
 def _link_create(path: str, data: bytes) -> bool:

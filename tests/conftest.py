@@ -4,12 +4,13 @@ import os
 
 import pytest
 
+import ssdgen  # noqa: F401  its import sets QUIET_DEFAULTS: no Prefect or Ray usage reporting in any test
+
 # Every Ray the tests start is on this machine and listens on 127.0.0.1 only: Ray's single-machine mode is on
 # before any test imports ray (flows/cluster.py explains the switch), for ray.init, ray.cluster_utils (the
 # multi-node tests) and the subprocesses' own Rays alike. That is why, and the only case where, auth is off.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # The planner's profile cache (workers/plan_cache.py) of this test session only: a test plans from measurements
 # it made, never from the user's ~/.cache or from an earlier session's machine load.
 if "SSDGEN_CACHE" not in os.environ:
@@ -20,7 +21,7 @@ if "SSDGEN_CACHE" not in os.environ:
 # Tests that use these start a service (Prefect's API, moto's S3 server, a local Ray): marked `integration`
 # here, so `-m "not slow and not integration"` is the fast tier. Tests that start a subprocess say so
 # themselves with @pytest.mark.integration.
-SERVICE_FIXTURES = {"prefect_server", "s3_endpoint", "s3", "local_ray"}
+SERVICE_FIXTURES = {"prefect_server", "s3_endpoint", "s3", "s3_faults", "local_ray"}
 
 
 def pytest_collection_modifyitems(items):
@@ -77,6 +78,20 @@ def s3(s3_endpoint):
     fs.mkdir("ssdgen-test")
     yield fs
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def s3_faults(s3, s3_endpoint, monkeypatch):
+    """The `s3` fixture's fresh bucket behind a fault proxy (tests/s3_proxy.py): every client this process makes
+    from now on, and every process it starts, talks to the proxy (AWS_ENDPOINT_URL). Yields the proxy; a test
+    adds its rules (`proxy.add("PUT", r"/_SUCCESS", "lose")`)."""
+    import s3fs
+    from s3_proxy import S3FaultProxy
+    with S3FaultProxy(s3_endpoint) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        s3fs.S3FileSystem.clear_instance_cache()  # cached clients hold moto's endpoint
+        yield proxy
+        s3fs.S3FileSystem.clear_instance_cache()
 
 
 @pytest.fixture

@@ -2,6 +2,22 @@
 commands (decode.py), maintainer commands under `ssdgen dev` (dev.py), the listings (catalog.py), and the parsing
 of options into typed settings (options.py). app.py puts them on one app."""
 
-from ssdgen.cli.app import app, main
+import os as _os
+import signal as _signal
+import sys as _sys
+
+
+def _interrupted_while_starting(signum, frame):
+    # the imports below take a second or more (Typer, Prefect, torch): a Ctrl-C then ends the command with one
+    # line, not a KeyboardInterrupt traceback; nothing has started yet, so there is nothing to stop or tidy
+    _sys.stderr.write("interrupted: stopped while starting; nothing was run\n")
+    _sys.stderr.flush()
+    _os._exit(128 + signum)
+
+
+# the very first thing the `ssdgen` script runs (ssdgen.cli:main); main() hands SIGINT back to Python
+_signal.signal(_signal.SIGINT, _interrupted_while_starting)
+
+from ssdgen.cli.app import app, main  # noqa: E402 - after the handler, on purpose
 
 __all__ = ["app", "main"]

@@ -9,7 +9,6 @@ benchmarks) under `ssdgen dev`.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 
@@ -89,10 +88,16 @@ app.add_typer(dev, name="dev", rich_help_panel=DEV_PANEL)
 
 
 def main():
-    # Prefect's temporary server would send usage telemetry and, with two runs at once on one machine, log
-    # its database-lock tracebacks from that heartbeat on the user's console; the user may turn it back on
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    app()  # no RAY_AUTH_MODE here: only the loopback-only local Ray runs without auth (flows/cluster.py)
+    # no analytics switches here: importing the ssdgen package set their quiet defaults (ssdgen/__init__.py)
+    import signal
+    # the imports are done: Python's own SIGINT again (a run installs flows/interrupts.py's); a Ctrl-C that
+    # still reaches here as KeyboardInterrupt (a command's start-up, before any handler) is one line, exit 130
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        app()  # no RAY_AUTH_MODE here: only the loopback-only local Ray runs without auth (flows/cluster.py)
+    except KeyboardInterrupt:
+        print("interrupted: stopped before the run started; nothing was committed", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -89,10 +89,17 @@ def _start_prefect_server() -> None:
     if settings.api.url or not settings.server.ephemeral.enabled or \
             threading.current_thread() is not threading.main_thread():
         return
+    import fcntl
     from prefect.server.api.server import SubprocessASGIServer
+    # one start at a time per Prefect home: every temporary server migrates the same SQLite database at start,
+    # and two runs started together would race on it (a uvicorn traceback); the lock is released at exit too
+    home = settings.home
+    home.mkdir(parents=True, exist_ok=True)
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        SubprocessASGIServer().start()
+        with open(home / "ssdgen-server-start.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            SubprocessASGIServer().start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# #33's bench checks (2026-12-03, 2 CPU cores): AR against AR on a quiet machine and beside a CPU-bound process,
+# and ar,ssd+csd where the plan decodes a batch size as plain AR. Run from the repository root, machine quiet.
+set -euo pipefail
+D=docs/results/bench_noise_33
+B=".venv/bin/ssdgen bench --quality-n 0 --fidelity-n 0"
+$B --decoders "ar,ar" --n 8 --batch-sizes 1,8 --json $D/ar_ar_quiet.json --html $D/ar_ar_quiet.html \
+    2>/dev/null | tee $D/ar_ar_quiet.txt
+python3 -c "while True: pass" & BUSY=$!
+trap 'kill $BUSY 2>/dev/null || true' EXIT
+$B --decoders "ar,ar" --n 8 --batch-sizes 1,8 --json $D/ar_ar_loaded.json 2>/dev/null | tee $D/ar_ar_loaded.txt
+kill $BUSY
+# not run on 2026-12-03 (the session ran out of quiet machine time); the labelling is tested in
+# tests/test_bench_noise.py and tests/test_bench.py
+$B --decoders "ar,ssd+csd" --n 16 --batch-sizes 1,16 --json $D/ar_ssdcsd.json --html $D/ar_ssdcsd.html \
+    2>/dev/null | tee $D/ar_ssdcsd.txt

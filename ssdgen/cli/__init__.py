@@ -15,8 +15,10 @@ def _interrupted_while_starting(signum, frame):
     _os._exit(128 + signum)
 
 
-# the very first thing the `ssdgen` script runs (ssdgen.cli:main); main() hands SIGINT back to Python
-_signal.signal(_signal.SIGINT, _interrupted_while_starting)
+# the very first thing the `ssdgen` script (ssdgen.cli:main) or `python -m ssdgen.cli` runs ("-m" while the module
+# is located); main() hands SIGINT back to Python. A program that imports the CLI (a notebook, pytest) keeps its own.
+if _sys.argv and (_sys.argv[0] == "-m" or _os.path.basename(_sys.argv[0]) in ("ssdgen", "ssdgen.exe")):
+    _signal.signal(_signal.SIGINT, _interrupted_while_starting)
 
 from ssdgen.cli.app import app, main  # noqa: E402 - after the handler, on purpose
 

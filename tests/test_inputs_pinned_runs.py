@@ -149,12 +149,16 @@ ids = pa.array([f"p{j:07d}" for j in range(n)])
 pq.write_table(pa.table({"prompt_id": ids, "prompt": prompts}), path, row_group_size=n)  # ONE row group
 """
 
-DRIVER = """import resource, sys
+# The peak is VmHWM, this process's own high-water mark. Not ru_maxrss: after a fork or vfork and exec it is
+# at least the parent's peak (Linux carries the old image's high-water mark over), so in a long pytest session
+# it reported pytest's 1.24 GB as the driver's.
+DRIVER = """import sys
 from ssdgen.cli import main
 try:
     main()
 finally:
-    print(f"driver peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB", file=sys.stderr)
+    hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:"))
+    print(f"driver peak RSS {hwm // 1024} MB", file=sys.stderr)
 """
 
 

@@ -39,12 +39,13 @@ import pyarrow.parquet as pq
 from ssdgen.decoders.sample_stats import stat_columns
 
 from .cost import Price, recorded_price
-from .marker import Marker, file_kind  # noqa: F401 (file_kind re-exported)
+from .marker import Marker, MarkerDigest, file_kind  # noqa: F401 (file_kind re-exported)
 from .store import CorruptMarker, Store, StorageError, storage_error as _storage_error  # noqa: F401 (re-exported)
 
 CONFIG, MANIFEST, SUMMARY, MARKER = "_config.json", "manifest.parquet", "summary.json", "_SUCCESS.json"
 PLAN = "_plan.json"
 PRICE = "_price.json"  # not in _config.json: a price decides no image, so a resume may change it
+DIGEST_KEY = "ssdgen.markers"  # the manifest's metadata key for the commits it names (flows.marker.MarkerDigest)
 DAMAGED = "_DAMAGED"  # a marker whose files failed verification is moved to _DAMAGED-{uuid}.json beside it
 
 # `image` is the struct Hugging Face `datasets` stores its Image feature as ({bytes, path}); with the features
@@ -272,9 +273,11 @@ class ManifestWriter:
         self.buf = io.BytesIO()
         self.writer = pq.ParquetWriter(self.buf, MANIFEST_SCHEMA, compression="zstd")
         self.rows: list[dict] = []
+        self.digest = MarkerDigest()  # which commits it names, kept in its metadata (flows.converge)
 
     def add(self, m: Marker) -> None:
         self.rows.append(manifest_row(self.out, m))
+        self.digest.add(m)
         if len(self.rows) >= self.BATCH:
             self._flush()
 
@@ -286,6 +289,7 @@ class ManifestWriter:
         """Write the manifest; returns its URL."""
         if self.rows:
             self._flush()
+        self.writer.add_key_value_metadata({DIGEST_KEY: self.digest.value()})
         self.writer.close()
         p = self.out.path(MANIFEST)
         self.out.put(p, self.buf.getvalue())

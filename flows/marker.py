@@ -9,6 +9,7 @@ the marker's URL (flows.layout).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 from dataclasses import asdict, dataclass, field, fields
@@ -96,3 +97,21 @@ class Marker:
     @classmethod
     def from_json(cls, data: bytes) -> "Marker":
         return cls.from_dict(json.loads(data))
+
+
+class MarkerDigest:
+    """Which commits a manifest or summary was built from, in one short string: the count and an
+    order-independent hash of every (shard, attempt). The manifest (in its Parquet metadata) and the summary
+    record it; a run compares it with the markers it finds (flows.converge), so a manifest that misses a
+    shard, or names an attempt a re-decode replaced, is seen and rebuilt."""
+
+    def __init__(self):
+        self.n, self.total = 0, 0
+
+    def add(self, m: "Marker") -> None:
+        h = hashlib.sha256(f"{m.shard}:{m.attempt}".encode()).digest()
+        self.n += 1
+        self.total = (self.total + int.from_bytes(h, "big")) % 2**256  # a sum: the order markers come in is free
+
+    def value(self) -> str:
+        return f"{self.n}:{self.total:064x}"

@@ -52,7 +52,7 @@ from .settings import DEFAULT_BATCH, RunSettings
 from .groups import RunContext, run_groups
 from .inputs import InputError, InputFile
 from .interrupts import Interrupted, StopSignals
-from .layout import CONFIG, PLAN, SUMMARY, Output, plan_words
+from .layout import CONFIG, PLAN, SUMMARY, Output, StorageError, plan_words
 from .lease import LEASE_DIR, Lease
 from .prepare import Prepared, check_output, clear, describe, output_size, prepare
 from .verify import set_aside
@@ -242,10 +242,11 @@ def execute(cfg: RunSettings, progress: bool = True, overwrite: bool = False) ->
             stop.check()
             _record(prep, log)
             log.info(describe(prep))
-            if not prep.pending and (recorded := prep.out.read_json(SUMMARY)) is not None:
-                # the run's totals stay as they are
-                return recorded | {"shards_run_now": 0, "nothing_to_do": True,
-                                   "summary": prep.out.full_url(prep.out.path(SUMMARY))}
+            if not prep.pending and prep.stale is None:  # the manifest and summary name every commit already
+                return prep.out.read_json(SUMMARY) | {"shards_run_now": 0, "nothing_to_do": True,
+                                                      "summary": prep.out.full_url(prep.out.path(SUMMARY))}
+            if not prep.pending:
+                log.warning(f"{prep.stale}: rebuilding manifest.parquet and summary.json from the commit markers")
             ran = _run_pending(cfg, prep, progress, t0, lease, stop) if prep.pending else \
                 {"failed": {}, "startup_s": 0.0, "images": 0, "commits": 0, "commit_latency_s": None}
             summary = _summarize(cfg, prep, ran, time.perf_counter() - t0)
@@ -296,7 +297,7 @@ def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict
     removed = out.gc()
     fold = MarkerFold(out, audit=cfg.audit > 0)
     summary = run_summary((m.to_dict() for m in fold.markers()), prep.price, wall)
-    manifest = fold.manifest.close()
+    manifest = _final_write(out, fold.manifest.close, summary["shards"])
     summary["images_this_run"] = ran["images"]
     summary["images_per_s"] = ran["images"] / wall if wall > 0 else None
     # startup (plan, Ray, actors, model loads) is paid once per run; steady state is what a long run sees
@@ -313,10 +314,22 @@ def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict
                 "actors": cfg.actors, "device_type": cfg.device_type,
                 "commit_latency_s": ran["commit_latency_s"], "audit": _audit(cfg, out, fold.audit, prep.price),
                 "decode_plan": plan_summary(out.read_plan()), "interrupted": ran.get("interrupted") is not None,
-                "manifest": manifest, "finished_at": datetime.now(timezone.utc).isoformat()}
-    summary["summary"] = out.write_summary(summary)
+                "manifest": manifest, "markers_digest": fold.manifest.digest.value(),
+                "finished_at": datetime.now(timezone.utc).isoformat()}
+    summary["summary"] = _final_write(out, out.write_summary, summary["shards"], summary)
     _artifacts(summary, fold.errors, fold.reasons)
     return summary
+
+
+def _final_write(out: Output, write, shards: int, *args) -> str:
+    """The manifest's or the summary's write (already retried through transient faults, flows.retry); when it
+    still fails, one line that says the commits are safe and how the files come back (flows.converge)."""
+    try:
+        return write(*args)
+    except OSError as e:
+        raise StorageError(e.errno, f"{e}: could not write manifest.parquet and summary.json; the {shards} "
+                           f"committed shards are safe, and the next `ssdgen generate` with the same arguments, "
+                           f"or `ssdgen verify --repair {out.url}`, rebuilds them from the commit markers") from None
 
 
 def _artifacts(summary: dict, errors: Counter, reasons: Counter) -> None:

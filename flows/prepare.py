@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 
 import fsspec
 
+from .converge import stale
 from .cost import Price
 from .endpoints import check_bucket
 from .inputs import InputFile, check_seeds, check_unique_prompt_ids, is_pattern, list_inputs, with_identities
 from .layout import CONFIG, Output, StorageError
 from .lease import Lease
+from .marker import MarkerDigest
 from .plan import ShardPlan
 from .settings import RunSettings
 from .verify import Damage, damaged_shards
@@ -33,6 +35,7 @@ class Prepared:
     done: bytearray  # done[i] == 1: shard i is committed (and passed the cheap check)
     damaged: list[Damage] = field(default_factory=list)
     changed: str | None = None  # settings a run that committed nothing will take anew
+    stale: str | None = None  # with nothing to decode: why the manifest or summary lags the markers (flows.converge)
 
     @property
     def pending(self) -> int:
@@ -88,13 +91,15 @@ def prepare(cfg: RunSettings, overwrite: bool = False, leased: bool = False) -> 
         for i in recorded["inputs"]:  # a run recorded before inputs had a content identity: compare the rest
             i.pop("content", None)
     done = out.committed_ids(len(plan))
-    damaged = list(damaged_shards(out))
+    sound = MarkerDigest()
+    damaged = list(damaged_shards(out, sound=sound))
     for d in damaged:
         if d.shard < len(done):
             done[d.shard] = 0
     pinned = bool(done.count(1) or damaged)
     changed = out.check_config(recorded, old, pinned)
-    return Prepared(cfg, price, files, plan, out, done, damaged, changed)
+    why = stale(out, sound.value()) if not done.count(0) else None
+    return Prepared(cfg, price, files, plan, out, done, damaged, changed, why)
 
 
 def describe(p: Prepared) -> str:

@@ -2,6 +2,8 @@
 not at all (`put`: a temp file and a rename on a local disk, one PUT on an object store), a create-only write
 (`create`: a hard link locally, `If-None-Match: *` on S3) for commit markers and leases, and every refusal of the
 store (a full disk, no permission) as one `StorageError` naming the URL. Object stores never get a bucket made.
+Every write and delete is retried through transient faults (throttling, 5xx, resets) up to a deadline
+(flows.retry).
 
 A run's Output carries a fence (its driver's lease check, flows.lease): every write and delete here calls it
 first, so a driver that lost its lease changes nothing more.
@@ -21,6 +23,8 @@ import uuid
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from .retry import retried
 
 
 class CorruptMarker(ValueError):
@@ -70,6 +74,7 @@ class Store:
         except ValueError as e:
             raise CorruptMarker(f"{self.full_url(p)}: not valid JSON ({e}); the file was damaged or edited") from None
 
+    @retried
     def remove(self, name: str) -> None:
         self._fenced()
         try:
@@ -77,6 +82,7 @@ class Store:
         except FileNotFoundError:
             pass
 
+    @retried
     def put(self, path: str, data: bytes) -> None:
         """Replace the file at `path` whole, or leave the old one: a failure (a full disk) never leaves a
         half-written file where a good one was. Local disks: a temp file beside it, then an atomic rename;
@@ -118,6 +124,7 @@ class Store:
         pq.write_table(table, buf, compression="zstd")
         return self.write_bytes(path, buf.getvalue(), table.num_rows)
 
+    @retried
     def write_bytes(self, path: str, data: bytes, rows: int) -> dict:
         """One PUT of a whole file (visible all at once, or not at all); returns its record for the marker: its
         size, SHA-256 and what the store can check cheaply later (flows.verify): the MD5 an S3 ETag is, and a
@@ -134,6 +141,7 @@ class Store:
         except OSError as e:
             raise storage_error(self.full_url(path), e) from None
 
+    @retried
     def create(self, p: str, data: bytes) -> bool:
         """Write `data` at `p` create-only, all at once. False if the name holds another writer's object. `data`
         must be unique to this writer (a lease's token, a marker's attempt): when the store's answer to our PUT
@@ -187,6 +195,7 @@ class Store:
         """path -> content of each file, read concurrently where the store can (an object store)."""
         return dict(zip(paths, self.fs.cat_ranges(list(paths), None, None, on_error="raise")))
 
+    @retried
     def remove_tree(self, path: str, fenced: bool = True) -> None:
         """Delete a file or a folder with everything under it. `fenced=False` only for what this driver alone
         wrote and never committed (its attempt, removed after it lost the lease: flows.commit)."""
@@ -198,6 +207,7 @@ class Store:
         for p in self.fs.find(path):  # a request per file, only where the run's URL holds glob characters
             self.fs.rm_file(p)
 
+    @retried
     def move(self, src: str, dst: str) -> None:
         """Rename a file (an object store: copy, then delete, as fsspec's mv does)."""
         self._fenced()

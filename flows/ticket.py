@@ -4,12 +4,9 @@ the same judgement decides whether a failed write is retried in place (flows.com
 
 from __future__ import annotations
 
-import errno
 import threading
 
-NOT_TRANSIENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
-# a full disk, a quota, a read-only or missing store: retrying the write in a second changes nothing
-PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+from .retry import transient_io
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -19,9 +16,7 @@ def is_transient(exc: BaseException) -> bool:
         return True
     if isinstance(exc, rx.RayTaskError):  # an exception inside the actor: judge its cause
         return is_transient(exc.cause) if exc.cause is not None else False
-    if isinstance(exc, OSError) and exc.errno in PERMANENT_ERRNOS:
-        return False
-    return isinstance(exc, (OSError, TimeoutError, ConnectionError)) and not isinstance(exc, NOT_TRANSIENT)
+    return transient_io(exc)
 
 
 class Ticket:

@@ -8,19 +8,19 @@ A marker names every file of its shard with its size and SHA-256 (flows.layout.O
                                             whose mtime changed since its commit is hashed
     deep  (`ssdgen verify`, --deep)         every file read back and its SHA-256 compared
 
-A resume sets damaged shards aside (`Output.set_aside`: the marker moves to _DAMAGED-*.json) and re-decodes them,
-saying so; a marker that is not valid JSON is damage too, named by its file.
+A resume, and `ssdgen verify` (unless --read-only), sets damaged shards aside (`Output.set_aside`: the marker
+moves to _DAMAGED-*.json); the next run re-decodes them, saying so. A marker that is not valid JSON is damage
+too, named by its file.
 """
 
 from __future__ import annotations
 
 import hashlib
-import posixpath
 from dataclasses import dataclass
 from typing import Iterator
 
 from .layout import MARKER, CorruptMarker, Output, _shard_of
-from .marker import FileRecord
+from .marker import FileRecord, MarkerDigest
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,9 @@ def _check_file(out: Output, rec: FileRecord, info: dict | None, deep: bool) -> 
     return None
 
 
-def damaged_shards(out: Output, deep: bool = False) -> Iterator[Damage]:
+def damaged_shards(out: Output, deep: bool = False, sound: MarkerDigest | None = None) -> Iterator[Damage]:
     """Every committed shard whose marker is corrupt or whose files are missing or damaged, in shard order
-    (one Damage per shard: the first problem found)."""
+    (one Damage per shard: the first problem found). `sound`, when given, gets every marker that passed."""
     listing = _listing(out)
     paths = sorted((p for p in listing if p.endswith("/" + MARKER)), key=_shard_of)
     for i in range(0, len(paths), 512):
@@ -82,6 +82,9 @@ def damaged_shards(out: Output, deep: bool = False) -> Iterator[Damage]:
                 if (problem := _check_file(out, rec, listing.get(path), deep)) is not None:
                     yield Damage(m.shard, out.full_url(path), problem)
                     break
+            else:
+                if sound is not None:
+                    sound.add(m)
 
 
 def set_aside(out: Output, damage: list[Damage], log) -> None:
@@ -89,12 +92,3 @@ def set_aside(out: Output, damage: list[Damage], log) -> None:
     for d in damage:
         log.warning(f"re-decoding {d}")
         out.set_aside(d.shard)
-
-
-def verify(url: str, deep: bool = True) -> dict:
-    """`ssdgen verify`: every committed shard checked ({shards, damaged: [Damage]})."""
-    out = Output(url)
-    out.read_config()  # a clear error where no run is
-    damage = list(damaged_shards(out, deep=deep))
-    shards = sum(1 for p in _listing(out) if posixpath.basename(p) == MARKER)
-    return {"url": url, "shards": shards, "damaged": damage, "deep": deep}

@@ -361,9 +361,10 @@ def test_damaged_files_are_found_and_a_resume_redecodes_them(finished, tmp_path)
     (shards[2] / "_SUCCESS.json").write_text('{"shard": 2, "rows": ')  # a torn marker
     intact = (shards[3] / "_SUCCESS.json").read_bytes()
 
-    p = ssdgen("verify", str(run))
+    p = ssdgen("verify", "--read-only", str(run))  # reports only: status, report and export still meet the damage
     no_traceback(p)
     assert p.returncode == 1 and p.stdout.count("damaged: shard") == 3, p.stdout + p.stderr
+    assert not list(run.glob("shards/*/_DAMAGED-*"))
     assert "missing" in p.stdout and "SHA-256" in p.stdout and "_SUCCESS.json" in p.stdout
     st = ssdgen("status", str(run))
     no_traceback(st)

@@ -25,15 +25,18 @@ def generate(settings: RunSettings,
 
 
 def _run(cfg, overwrite: bool, progress: bool) -> None:
-    """Check everything before Prefect or Ray start (flows.prepare); end at once when nothing is left to do;
-    else run the flow and print its summary."""
+    """Check everything before Prefect or Ray start (flows.prepare); end at once when nothing is left to do and
+    the manifest and summary name every commit; else run the flow (which decodes what is pending and rebuilds
+    both, flows.converge) and print its summary."""
     from ssdgen.flows.prepare import output_size, prepare
     prep = prepare(cfg, overwrite)
     if overwrite and (found := output_size(prep.out))[0]:
         typer.echo(f"--overwrite: deleting the run at {prep.out.url} ({found[0]} files, "
                    f"{found[1] / 2**20:.1f} MiB) before starting")
-    elif not overwrite and not prep.pending:
+    elif not overwrite and not prep.pending and prep.stale is None:
         return _nothing_to_do(prep)
+    elif not overwrite and not prep.pending:  # the flow rebuilds them from the markers, under the lease
+        typer.echo(f"nothing to decode, but {prep.stale}: rebuilding manifest.parquet and summary.json")
     from ssdgen.flows.pipeline import generate as flow
     with flow_console():
         summary = flow(cfg, progress=progress, overwrite=overwrite)
@@ -146,15 +149,29 @@ def status(url: str = typer.Argument(..., help="a run's output URL"),
 @app.command("verify")
 @friendly
 def verify_cmd(url: str = typer.Argument(..., help="a run's output URL"),
-               quick: bool = typer.Option(False, help="sizes and ETags only, without reading the files back")):
-    """Check every committed file against its commit marker (size and SHA-256); exit 1 if any is damaged."""
-    from ssdgen.flows.verify import verify
-    r = verify(url, deep=not quick)
+               quick: bool = typer.Option(False, help="sizes and ETags only, without reading the files back"),
+               read_only: bool = typer.Option(False, "--read-only",
+                                              help="only report: set nothing aside, rebuild nothing"),
+               repair: bool = typer.Option(False, help="rebuild manifest.parquet and summary.json from the commit "
+                                                        "markers even when they look current")):
+    """Check every committed file against its commit marker (size and SHA-256); exit 1 if any is damaged.
+
+    Unless --read-only (and refused while a run writes there), a damaged shard's marker is set aside so the next
+    `ssdgen generate` re-decodes it, and manifest.parquet and summary.json are rebuilt from the commit markers
+    when they do not name exactly the committed shards (after a run whose last writes failed)."""
+    from ssdgen.flows.converge import verify
+    r = verify(url, deep=not quick, read_only=read_only, repair=repair)
     for d in r["damaged"]:
-        typer.echo(f"damaged: {d}")
+        typer.echo(f"damaged: {d}" + ("" if read_only else " (set aside)"))
+    if r["rebuilt"] is not None:
+        typer.echo(f"rebuilt manifest.parquet and summary.json from {r['rebuilt']['shards_committed']} commit "
+                   f"markers ({r['rebuilt']['rebuilt']['why']})")
+    elif r["stale"] is not None:
+        typer.echo(f"out of date: {r['stale']}; `ssdgen verify {url}` without --read-only rebuilds them", err=True)
     how = "sizes and ETags" if quick else "size and SHA-256 of every file"
     if r["damaged"]:
-        typer.echo(f"{len(r['damaged'])} of {r['shards']} committed shards damaged ({how}); run the same "
+        then = "run `ssdgen verify` without --read-only, then" if read_only else "run"
+        typer.echo(f"{len(r['damaged'])} of {r['shards']} committed shards damaged ({how}); {then} the same "
                    "`ssdgen generate` to re-decode them", err=True)
         raise typer.Exit(1)
     typer.echo(f"ok: {r['shards']} committed shards checked ({how})")

@@ -2,6 +2,11 @@
 nothing and what is measured is the orchestration: wall time, images/s, per-shard overhead, actor utilisation,
 and the resident memory of the driver and of each actor, sampled over the run.
 
+A run longer than a sitting (10 M prompts: hours) is checkpointed by the run itself: with `--workdir` the inputs
+and the output stay, and the same command again resumes the run where its commits stopped (a Ctrl-C or a kill
+loses only the shards in flight). Each sitting's figures are of its own shards and time, and are appended to
+`{workdir}/segments.jsonl`.
+
 The model is `reference.tiny.tiny_model` (the reference architecture, random weights, 4x4 tokens) written to a
 temporary bundle and used as `--model reference:/bundle`; the prompts are the eval captions cycled, each with
 its own prompt_id, in one Parquet file. A background thread samples RSS with psutil every `sample_s`: the
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -79,23 +86,42 @@ def _is_actor(p) -> bool:
 
 
 def write_inputs(work: Path, n: int) -> tuple[Path, Path]:
-    """The tiny model bundle and n prompts (eval captions cycled, ids p000000000...) under `work`."""
+    """The tiny model bundle and n prompts (eval captions cycled, ids p000000000...) under `work`; kept as they
+    are when a `_DONE` file says they were written for n (a resumed run must find its inputs unchanged)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from ssdgen.reference.prompts import eval_prompts
     from ssdgen.reference.tiny import tiny_model
+    done = work / "_DONE"
+    if done.exists() and done.read_text() == str(n):
+        return work / "model", work / "prompts.parquet"
     tiny_model(work / "model")
     captions = [r["prompt"] for r in eval_prompts()]
     table = pa.table({"prompt_id": [f"p{i:09d}" for i in range(n)],
                       "prompt": [captions[i % len(captions)] for i in range(n)]})
     pq.write_table(table, work / "prompts.parquet")
+    done.write_text(str(n))
     return work / "model", work / "prompts.parquet"
 
 
-def figures(samples: list, summary: dict, n: int, actors: int, t_start: float, t_end: float) -> dict:
+def busy_committed(out: str) -> tuple[int, float]:
+    """(shards, actor busy seconds) over the shards already committed at `out`: a resumed segment's own work is
+    the summary's totals less these."""
+    from ssdgen.flows.layout import Output
+    shards, busy = 0, 0.0
+    try:
+        for m in Output(out).iter_markers():
+            shards, busy = shards + 1, busy + m.device_seconds_busy
+    except FileNotFoundError:
+        pass
+    return shards, busy
+
+
+def figures(samples: list, summary: dict, n: int, actors: int, t_start: float, t_end: float,
+            before_busy: float = 0.0) -> dict:
     """The JSON figures from the RSS samples and the flow's summary (see the module docstring). The tenths are
     of the steady phase, from the actors being ready to the flow's end: startup (Prefect, Ray, model loads)
-    is a constant, not growth."""
+    is a constant, not growth. before_busy: busy seconds of shards committed before this segment (a resume)."""
     ready = steady_start(summary, t_start, t_end)
     run = [s for s in samples if ready <= s[0] <= t_end] or samples
     tenth = (t_end - ready) / 10
@@ -106,12 +132,14 @@ def figures(samples: list, summary: dict, n: int, actors: int, t_start: float, t
         for pid, mb in acts.items():
             peaks[pid] = max(peaks.get(pid, 0.0), mb)
     steady = max(1e-9, summary["wall_s"] - summary["startup_s"])
-    busy_s = summary["device_seconds_busy"]  # one CPU per actor here: device-seconds are seconds
+    busy_s = summary["device_seconds_busy"] - before_busy  # one CPU per actor here: device-seconds are seconds
     shards = summary["shards_run_now"] or 1
     lat = summary.get("commit_latency_s") or {}
     return {
-        "n": n, "shards": summary["shards_total"], "actors": actors, "wall_s": t_end - t_start,
-        "images_ok": summary["images_ok"], "images_per_s": n / (t_end - t_start),
+        "n": n, "shards": summary["shards_total"], "shards_this_segment": summary["shards_run_now"],
+        "actors": actors, "wall_s": t_end - t_start, "actor_busy_s": busy_s,
+        "images_ok": summary["images_ok"], "images_this_segment": summary["images_this_run"],
+        "images_per_s": summary["images_this_run"] / (t_end - t_start),
         "images_per_s_steady": summary["images_per_s_steady"], "startup_s": summary["startup_s"],
         "per_shard_overhead_ms": 1000 * max(0.0, actors * steady - busy_s) / shards,
         "actor_utilization": busy_s / (actors * steady),
@@ -161,8 +189,15 @@ def run(n: int = 200_000, shard_size: int = 10, actors: int = 2, batch_size: int
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ssdgen-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        model, prompts = write_inputs(work, n)
-        log(f"{n} prompts, shard size {shard_size}, {actors} actor(s), tiny model at {model}")
+        # in a process of its own: building n prompts here would leave the driver's heap (the figure measured)
+        # hundreds of MB larger for 1 M+ prompts
+        subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from ssdgen.bench.scale "
+                        "import write_inputs; write_inputs(Path(sys.argv[1]), int(sys.argv[2]))", str(work), str(n)],
+                       check=True)
+        model, prompts = work / "model", work / "prompts.parquet"
+        before, before_busy = busy_committed(str(work / "run"))
+        log(f"{n} prompts, shard size {shard_size}, {actors} actor(s), tiny model at {model}"
+            + (f"; resuming: {before} shards already committed" if before else ""))
         sampler = RssSampler(sample_s).start()
         t_start = time.perf_counter() - sampler.t0
         summary = generate(RunSettings(prompts=[str(prompts)], out=str(work / "run"), model=f"reference:{model}",
@@ -171,8 +206,9 @@ def run(n: int = 200_000, shard_size: int = 10, actors: int = 2, batch_size: int
         t_end = time.perf_counter() - sampler.t0
         time.sleep(sample_s)  # one more sample after the flow, then stop
         sampler.stop()
-        res = figures(sampler.samples, summary, n, actors, t_start, t_end)
-        res |= {"shard_size": shard_size, "batch_size": batch_size, "decoder": decoder, "cpu_count": os.cpu_count(),
+        res = figures(sampler.samples, summary, n, actors, t_start, t_end, before_busy)
+        res |= {"resumed_from_shards": before, "shard_size": shard_size, "batch_size": batch_size,
+                "decoder": decoder, "cpu_count": os.cpu_count(),
                 "samples": [[round(t, 2), round(d, 1), {str(k): round(v, 1) for k, v in a.items()}]
                             for t, d, a in sampler.samples]}
         if plot:
@@ -180,6 +216,8 @@ def run(n: int = 200_000, shard_size: int = 10, actors: int = 2, batch_size: int
                                             f"{actors} actors", t_start,
                      steady_start(summary, t_start, t_end))
             res["plot"] = str(plot)
+        with open(work / "segments.jsonl", "a") as f:  # one line per sitting: a long run's log across resumes
+            f.write(json.dumps({k: v for k, v in res.items() if k != "samples"}) + "\n")
         return res
     finally:
         if not keep and not workdir:

@@ -27,14 +27,6 @@ from .reader import MarkerFold
 from .verify import damaged_shards
 
 
-def digest_of(out: Output) -> str:
-    """The digest of the markers committed now (one streamed pass over them)."""
-    d = MarkerDigest()
-    for m in out.iter_markers():
-        d.add(m)
-    return d.value()
-
-
 def _count(digest: str | None) -> str:
     return "no" if not digest else digest.split(":", 1)[0]
 

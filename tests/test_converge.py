@@ -149,7 +149,7 @@ def test_verify_records_a_flip_the_cheap_check_misses_and_repairs_a_stale_manife
     manifest left behind."""
     import fsspec
     from pipeline_helpers import eval_rows, write_parquet
-    from test_operations import RUN_ARGS, no_traceback, ssdgen
+    from test_operations import RUN_ARGS, no_traceback, one_error, ssdgen
     write_parquet(None, tmp_path / "p.parquet", eval_rows(8))
     run = tmp_path / "run"
     args = ["generate", "--prompts", str(tmp_path / "p.parquet"), "--out", str(run), *RUN_ARGS]
@@ -180,6 +180,7 @@ def test_verify_records_a_flip_the_cheap_check_misses_and_repairs_a_stale_manife
     p = ssdgen("verify", "--read-only", str(run))
     assert p.returncode == 0 and "out of date: manifest.parquet is missing" in p.stderr, p.stderr
     assert not (run / "manifest.parquet").exists()
+    one_error(ssdgen("verify", "--read-only", "--repair", str(run)), "--repair", "--read-only")
     p = ssdgen("verify", "--repair", str(run))
     no_traceback(p)
     assert p.returncode == 0 and "rebuilt manifest.parquet and summary.json from 2 commit markers" in p.stdout

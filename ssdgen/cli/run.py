@@ -159,6 +159,8 @@ def verify_cmd(url: str = typer.Argument(..., help="a run's output URL"),
     Unless --read-only (and refused while a run writes there), a damaged shard's marker is set aside so the next
     `ssdgen generate` re-decodes it, and manifest.parquet and summary.json are rebuilt from the commit markers
     when they do not name exactly the committed shards (after a run whose last writes failed)."""
+    if read_only and repair:
+        raise ValueError("--repair writes, --read-only does not: give one of them")
     from ssdgen.flows.converge import verify
     r = verify(url, deep=not quick, read_only=read_only, repair=repair)
     for d in r["damaged"]:

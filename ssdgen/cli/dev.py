@@ -84,8 +84,10 @@ def bench_scale_cmd(n: int = typer.Option(200_000, help="prompts"),
                     batch_size: int = typer.Option(16, help="prompts per decoder call"),
                     decoder: str = DECODER, plot: Optional[Path] = typer.Option(None, "--plot", help="RSS plot (PNG)"),
                     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
-                    workdir: Optional[str] = typer.Option(None, help="where inputs and output go (kept); default a "
-                                                                       "temporary folder, removed after")):
+                    workdir: Optional[str] = typer.Option(None, help="where inputs and output go (kept: the same "
+                                                                       "command resumes an interrupted run there, "
+                                                                       "each sitting appended to segments.jsonl); "
+                                                                       "default a temporary folder, removed after")):
     """Orchestration at scale: the flow over N prompts with a tiny model (decoding costs almost nothing); wall
     time, images/s, per-shard overhead, actor utilisation, and the driver's and actors' peak memory."""
     from ssdgen.bench.scale import brief, dump, run

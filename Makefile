@@ -28,7 +28,7 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 demo: install
-	$(BIN)/ssdgen demo --out out
+	$(BIN)/ssdgen demo --out out/run
 
 # the linter first: seconds, where the suite takes minutes
 test: install-dev

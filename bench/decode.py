@@ -38,7 +38,7 @@ import torch
 
 from ssdgen.decoders import heads_for, resolve, run
 from ssdgen.decoders.configs import CALIBRATION_PROMPTS
-from ssdgen.decoders.sampling import SamplingConfig
+from ssdgen.decoders.configs import SamplingConfig
 from ssdgen.decoders.spec import DecodeSpec, common_sampling, speculative_rows
 
 

@@ -81,7 +81,7 @@ def measure(model, family: str, params: dict, batch: int, repeats: int, prompts:
     """The best of `repeats` decodes of one batch: host ms per forward, the host share of the model's step time
     (wall minus `step`, drafting's own model calls included, over `step`), and what they came from."""
     from ssdgen.decoders import DecodeSpec, decode, heads_for
-    from ssdgen.decoders.sampling import SamplingConfig
+    from ssdgen.decoders.configs import SamplingConfig
     sc = SamplingConfig(cfg_scale=3.0)
     heads = heads_for(DecodeSpec.of(family, params, sc), model)  # loaded once: no row times a heads load
     best = None

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ssdgen.decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
+from ssdgen.decoders.sample_stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
 from ssdgen.flows.layout import plan_words
 from ssdgen.flows.reader import read_run
 from ssdgen.workers.results import UNRECORDED
@@ -158,6 +158,9 @@ def build_html(run: dict, samples: int = 24, prices: dict | None = None) -> str:
     body = []
     if (how := plan_words(run.get("plan"))) is not None:  # a fall-back to plain AR is said, never silent
         body.append(f"<p class=\"plan\">Decode plan (decided once for this run): {plots.esc(how)}</p>")
+    if len(by := Counter(r["decoder"] for r in stats)) > 1 or (by and next(iter(by)) != decoder):
+        body.append("<p class=\"plan\">Rows by the resolved spec that decoded them: "
+                    + "; ".join(f"{plots.esc(str(k))}: {n}" for k, n in by.most_common()) + "</p>")
     if run.get("damaged"):
         body.append(f"<p class=\"damaged\">{len(run['damaged'])} damaged shard(s) left out (the same generate "
                     "re-decodes them): " + "; ".join(plots.esc(str(d)) for d in run["damaged"][:10]) + "</p>")

@@ -10,7 +10,8 @@ import torch
 
 from . import rng
 from .protocol import ImageTokenModel, StepOutput, check_request
-from .sampling import SamplingConfig, model_device, next_probs, sample_from
+from .sampling import model_device, next_probs, sample_from
+from .configs import SamplingConfig
 from .stats import DecodeResult, Tally
 from .verify import entropy
 

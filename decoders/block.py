@@ -37,10 +37,13 @@ from .ar import decode_ar, prefill
 from .configs import SSDConfig
 from .drafters import Drafter, HeadsDrafter
 from .protocol import ImageTokenModel, check_request
-from .sampling import SamplingConfig, model_device, processed_probs, sample_from
+from .sampling import model_device, processed_probs, sample_from
+from .configs import SamplingConfig
 from .ssd_heads import SpatialHeads
-from .stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult, Tally
-from .verify import Relaxation, entropy, verify_all
+from .stats import DecodeResult, Tally
+from .sample_stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
+from .verify import entropy, verify_all
+from .configs import Relaxation
 
 BUDGET_FULL = "batch fills the token budget"  # why a budgeted batch decodes as plain AR (statistics)
 

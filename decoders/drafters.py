@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from .protocol import StepOutput
-from .sampling import SamplingConfig, model_device, processed_probs, sample_from
+from .sampling import model_device, processed_probs, sample_from
+from .configs import SamplingConfig
 
 if TYPE_CHECKING:  # the window loop imports this module for SJD too; only SSD loads heads
     from .ssd_heads import SpatialHeads

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from .protocol import ImageTokenModel
-from .sampling import SamplingConfig, processed_probs
+from .sampling import processed_probs
+from .configs import SamplingConfig
 
 LOG_FLOOR = 1e-12  # a token outside the processed support costs -log(1e-12) = 27.6 nats, not infinity
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .configs import SamplingConfig  # noqa: F401 - re-exported: the one processed distribution's settings
+from .configs import SamplingConfig
 
 
 def cfg_mix(cond: torch.Tensor, uncond: torch.Tensor | None, scale: float) -> torch.Tensor:

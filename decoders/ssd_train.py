@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .ar import decode_ar
-from .sampling import SamplingConfig, processed_probs
+from .sampling import processed_probs
+from .configs import SamplingConfig
 from .ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
 
 

@@ -1,5 +1,5 @@
 """The `Tally` every decoder (ar, window, block) keeps a batch's statistics in while it decodes, and the result
-it returns; a sample's statistics themselves are `SampleStats` (sample_stats.py, torch-free, re-exported here).
+it returns; a sample's statistics themselves are `SampleStats` (sample_stats.py, torch-free).
 """
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sample_stats import (COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_NAMES,  # noqa: F401 (re-exported)
-                           COMMIT_RELAXED, COMMIT_RESAMPLED, SampleStats)
+from .sample_stats import COMMIT_AR, SampleStats
 
 
 @dataclass

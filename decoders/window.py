@@ -41,8 +41,10 @@ from .configs import SJDConfig, SSDConfig
 from .branches import Branches
 from .drafters import Drafter, HeadsDrafter, guess_drafter
 from .protocol import ImageTokenModel, check_request
-from .sampling import SamplingConfig, gumbel_sample, model_device, processed_probs, sample_from
-from .stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, DecodeResult, Tally
+from .sampling import gumbel_sample, model_device, processed_probs, sample_from
+from .configs import SamplingConfig
+from .stats import DecodeResult, Tally
+from .sample_stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
 from .verify import Verdict, entropy, verify, verify_all
 from .window_sizes import WindowSizes
 

@@ -25,12 +25,13 @@ from .webdataset_shards import shard_files
 WRITE_TRIES = 3  # a failed PUT is retried in place: re-decoding a shard for a storage hiccup wastes the devices
 
 
-def shard_marker(job, cfg) -> tuple[dict, object, object, object | None]:
+def shard_marker(job, cfg, spec: str) -> tuple[dict, object, object, object | None]:
     """A decoded shard (flows.window.Job) as (its marker before the commit, the images table, the stats table,
-    the audit table or None without an audit)."""
+    the audit table or None without an audit). spec: the resolved spec text the shard was decoded by, which its
+    rows and marker record (a calibrated run's requested spec is only in its config)."""
     dev = cfg.devices_per_actor
     samples = {pid: s for r in job.results for pid, s in r.samples.items()}
-    images, stats = shard_tables(samples, job.rows, cfg.decoder.label, cfg.model, cfg.image_format, dev)
+    images, stats = shard_tables(samples, job.rows, spec, cfg.model, cfg.image_format, dev)
     audited, audit = shard_audit(job.results, dev)
     audit_t = audit_table(audited, cfg.audit_label) if cfg.audit > 0 else None
     errors = Counter(s.error for s in samples.values() if not s.ok)
@@ -44,21 +45,22 @@ def shard_marker(job, cfg) -> tuple[dict, object, object, object | None]:
               "device_seconds_allocated": (wall + job.load_s) * dev, "device_seconds_busy": job.busy_s * dev,
               "started_at": job.started_at, "actor_pid": job.where.get("pid"),
               "node_id": job.where.get("node_id"), "device": job.where.get("device"),
-              "batches": len(job.batches)} | ({"audit": audit} if cfg.audit > 0 else {})
+              "batches": len(job.batches), "decoder": spec} | ({"audit": audit} if cfg.audit > 0 else {})
     return marker, images, stats, audit_t
 
 
 class Commit:
     """Writes and commits a run's shards. `guard`, when given, is called before every commit and raises when the
-    run may no longer commit; `aborted()` is the run's abort, None while it runs."""
+    run may no longer commit; `aborted()` is the run's abort, None while it runs. spec: the resolved spec text
+    every batch was decoded by (flows.pipeline), recorded in each row and marker."""
 
-    def __init__(self, cfg, out: Output, guard=None, aborted=lambda: None):
-        self.cfg, self.out, self.guard, self.aborted = cfg, out, guard, aborted
+    def __init__(self, cfg, out: Output, spec: str, guard=None, aborted=lambda: None):
+        self.cfg, self.out, self.spec, self.guard, self.aborted = cfg, out, spec, guard, aborted
 
     def write(self, job, decoded_at: float) -> tuple[Marker | None, float]:
         """Tables, files under a new attempt, marker. Returns (marker, or None when another attempt won the
         commit; seconds from the last batch to the commit)."""
-        marker, images, stats, audit_t = shard_marker(job, self.cfg)
+        marker, images, stats, audit_t = shard_marker(job, self.cfg, self.spec)
         attempts = []
         for attempt_no in range(WRITE_TRIES):
             attempts.append(self.out.new_attempt(job.shard.id))

@@ -20,7 +20,8 @@ from datetime import datetime, timezone
 import pyarrow.parquet as pq
 
 from .cost import price_from, run_summary
-from .layout import DIGEST_KEY, MANIFEST, SUMMARY, CorruptMarker, Output
+from .layout import DIGEST_KEY, MANIFEST, SUMMARY, Output
+from ssdgen.storage.store import CorruptMarker
 from .lease import Lease
 from .marker import MarkerDigest
 from .reader import MarkerFold
@@ -73,6 +74,7 @@ def rebuild(out: Output, why: str, by: str) -> dict:
     speed = ("wall_s", "images_per_s")  # the last run's own figures, which the markers alone cannot give
     summary = old | {k: v for k, v in totals.items() if k not in speed or k not in old}
     summary |= {"shards_committed": totals["shards"], "errors_by_reason": dict(fold.reasons.most_common()),
+                "rows_by_decoder": dict(fold.decoders.most_common()),
                 "markers_digest": fold.manifest.digest.value(), "manifest": manifest,
                 "rebuilt": {"by": by, "why": why, "at": datetime.now(timezone.utc).isoformat()}}
     summary.setdefault("shards_total", old.get("shards_total"))

@@ -28,7 +28,7 @@ from .lease import LeaseLost
 from .marker import Marker
 from .plan import Shard
 from .scheduling import Scheduler
-from .ticket import Ticket, is_transient  # noqa: F401 - flows.groups imports both from here
+from .ticket import Ticket
 from .window import Job, Window
 
 
@@ -49,7 +49,7 @@ class Dispatcher:
         self.capacity = len(actors) * (self.depth + 1) + self.io_threads  # decoding + read ahead + writing
         self.window = Window(self.capacity, self.events.put, log)
         self.health = Health(restart_wait_s, log, self.events.put, self.sched.send, self.window.finish)
-        commit = Commit(cfg, out, guard, lambda: self.window.aborted)
+        commit = Commit(cfg, out, decoder or str(cfg.decoder), guard, lambda: self.window.aborted)
         self.io = IOPool(cfg, files, self.io_threads, self.events.put, commit.write)
         self.commits = self.images = 0
         # driver seconds from a shard's last batch coming back to its commit being visible: count, sum, max

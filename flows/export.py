@@ -79,5 +79,5 @@ def _build_tar(src: Output, m: dict, digits: int, dst: Output, path: str) -> int
 
 def _parent(out: Output, path: str) -> None:
     """A local destination needs its folders; object stores have none (and must not get buckets made)."""
-    if out.protocol in ("file", "local"):
+    if out.backend.folders:
         out.fs.makedirs(posixpath.dirname(path), exist_ok=True)

@@ -9,7 +9,7 @@ and resume); `check_seeds` reads only a uint64 `seed` column, to refuse seeds an
 an id or seed get stable derived ones (`derive_prompt_id`, `derive_seed`).
 
 Error messages name the file and never include storage options (they may hold credentials). An unreachable
-storage endpoint is found in seconds and said in one line naming the URL and the endpoint (flows/endpoints.py).
+storage endpoint is found in seconds and said in one line naming the URL and the endpoint (storage/endpoints.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .endpoints import endpoint_of, is_s3, probe, refused, unreachable
+from ssdgen.storage.endpoints import endpoint_of, is_s3, probe, refused, unreachable
 from .pinned import InputError, Pin, PinnedFile, changed, is_expired, take_pin
 
 
@@ -82,7 +82,7 @@ def _reason(exc: BaseException, storage_options: dict | None) -> str:
 
 def _read_error(url: str, exc: BaseException, storage_options: dict | None, fs=None) -> InputError:
     """`cannot read URL: reason`, or, when the storage endpoint was not reached, one line saying so and where
-    (flows/endpoints.py)."""
+    (storage/endpoints.py)."""
     why = unreachable(exc)
     if why is None and (code := refused(exc)) is not None:  # a 403: the credentials, not the data, are wrong
         return InputError(f"{url}: the store refused the credentials ({code}); check AWS_ACCESS_KEY_ID / "

@@ -39,8 +39,8 @@ import pyarrow.parquet as pq
 from ssdgen.decoders.sample_stats import stat_columns
 
 from .cost import Price, recorded_price
-from .marker import Marker, MarkerDigest, file_kind  # noqa: F401 (file_kind re-exported)
-from .store import CorruptMarker, Store, StorageError, storage_error as _storage_error  # noqa: F401 (re-exported)
+from .marker import Marker, MarkerDigest
+from ssdgen.storage.store import CorruptMarker, Store
 
 CONFIG, MANIFEST, SUMMARY, MARKER = "_config.json", "manifest.parquet", "summary.json", "_SUCCESS.json"
 PLAN = "_plan.json"

@@ -4,7 +4,7 @@ that lost it changes nothing more.
     {out}/_lease/{generation:08d}.json    {token, host, pid, started_at, heartbeat, beat}
 
 The lease is the highest generation. Taking it is a create-only write of the next generation (the same
-create-only write as a commit marker, flows.store.Store.create), so of two drivers racing for one generation
+create-only write as a commit marker, storage.store.Store.create), so of two drivers racing for one generation
 exactly one wins; the record's unique `token` tells the winner its own write when the store's answer was lost
 and the client's retry found the object there.
 
@@ -146,7 +146,7 @@ class Lease:
 
     def check(self) -> None:
         """Raise LeaseLost unless this driver may still write: the output's fence, called before every write
-        (flows.store), and before every commit. Free while the last renewal is recent; after a pause it renews
+        (storage.store), and before every commit. Free while the last renewal is recent; after a pause it renews
         first, so a driver that slept through a takeover finds out before it writes."""
         if not self.lost.is_set() and time.monotonic() - self.renewed_at >= self.ttl / 2:
             with self._lock:

@@ -23,7 +23,7 @@ def file_kind(path: str) -> str:
 
 @dataclass(frozen=True)
 class FileRecord:
-    """One file a marker names, as flows.store.Store.write_bytes recorded it."""
+    """One file a marker names, as storage.store.Store.write_bytes recorded it."""
 
     path: str  # relative to the run's root
     rows: int
@@ -68,6 +68,7 @@ class Marker:
     device: str | None = None
     batches: int = 0
     audit: dict | None = None  # with --audit: {rows, seconds, device_seconds} (flows.audit)
+    decoder: str | None = None  # the resolved spec text that decoded the shard (None: committed before it was kept)
 
     def file(self, kind: str) -> FileRecord | None:
         """The file of a kind (images, stats, audit, tar), or None when the run does not write it."""

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import fsspec
 
-from .endpoints import is_s3
+from ssdgen.storage.backends import backend_for
+from ssdgen.storage.endpoints import is_s3
 
 # fs.info fields that change whenever the content does, on stores with neither versions nor conditional reads
 _INFO_KEYS = ("ETag", "etag", "md5Hash", "crc32c", "generation", "size", "mtime", "LastModified", "last_modified")
@@ -43,7 +44,7 @@ class Pin:
 
 
 def _local(fs) -> bool:
-    return "file" in ((fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol)
+    return backend_for(fs).literal_paths  # a plain local disk: os.stat reads the path as fsspec strips it
 
 
 def _stat_key(path: str) -> str:

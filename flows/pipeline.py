@@ -52,11 +52,12 @@ from .settings import DEFAULT_BATCH, RunSettings
 from .groups import RunContext, run_groups
 from .inputs import InputError, InputFile
 from .interrupts import Interrupted, StopSignals
-from .layout import CONFIG, PLAN, SUMMARY, Output, StorageError, plan_words
+from .layout import CONFIG, PLAN, SUMMARY, Output, plan_words
+from ssdgen.storage.store import StorageError
 from .lease import LEASE_DIR, Lease
 from .prepare import Prepared, check_output, clear, describe, output_size, prepare
 from .verify import set_aside
-from .reader import MarkerFold, plan_summary, read_plan_at, run_status  # noqa: F401 (run_status re-exported)
+from .reader import MarkerFold, plan_summary, read_plan_at
 from .plan import ShardPlan, read_shard
 
 # How long a shard waits for its actor's restart. After a node loss the restart waits for free resources: an
@@ -237,7 +238,7 @@ def execute(cfg: RunSettings, progress: bool = True, overwrite: bool = False) ->
             if overwrite:
                 _overwrite(prepare(cfg, overwrite=True, leased=True).out, log, lease.check)
             prep = prepare(cfg, leased=True)  # read under the lease: what another driver committed before is seen
-            prep.out.fence = lease.check  # every write of this run checks the lease first (flows.store)
+            prep.out.fence = lease.check  # every write of this run checks the lease first (storage.store)
             line.done = prep.done
             stop.check()
             _record(prep, log)
@@ -307,6 +308,7 @@ def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict
     summary |= {"out": out.url, "shards_total": len(plan), "shards_committed": summary["shards"],
                 "shards_run_now": ran["commits"], "shards_failed": {str(k): v for k, v in failed.items()},
                 "errors_by_reason": dict(fold.reasons.most_common()),
+                "rows_by_decoder": dict(fold.decoders.most_common()),
                 "shards_redecoded": [d.shard for d in prep.damaged],
                 "attempts_removed": removed, "decoder": str(cfg.decoder), "model": cfg.model,
                 "batch_size": ran.get("batch_size", cfg.batch_size), "image_format": cfg.image_format,
@@ -322,7 +324,7 @@ def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict
 
 
 def _final_write(out: Output, write, shards: int, *args) -> str:
-    """The manifest's or the summary's write (already retried through transient faults, flows.retry); when it
+    """The manifest's or the summary's write (already retried through transient faults, storage.retry); when it
     still fails, one line that says the commits are safe and how the files come back (flows.converge)."""
     try:
         return write(*args)
@@ -342,4 +344,4 @@ def _artifacts(summary: dict, errors: Counter, reasons: Counter) -> None:
                              description="Per-sample errors in committed shards")
 
 
-__all__ = ["RunSettings", "generate", "execute", "run_status", "plan_words", "InputError", "Interrupted"]
+__all__ = ["RunSettings", "generate", "execute", "plan_words", "InputError", "Interrupted"]

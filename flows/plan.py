@@ -1,12 +1,10 @@
 """Shard planning and shard reading.
 
-`plan_shards` cuts the global row sequence (files in order, rows in order) into consecutive shards of
-exactly `shard_size` rows (the last may be shorter), img2dataset-style. It uses footer metadata only
-and is pure arithmetic, so the same inputs always give the same shards: a shard id is a stable unit of
-work and output across retries and resumes.
-
-`ShardPlan` gives the same shards on demand (`plan[i]`), from the files' cumulative row counts: O(files)
-memory, so a run over millions of prompts never holds a list of its shards.
+`ShardPlan` cuts the global row sequence (files in order, rows in order) into consecutive shards of exactly
+`shard_size` rows (the last may be shorter), img2dataset-style, on demand (`plan[i]`), from the files'
+cumulative row counts: footer metadata only, pure arithmetic, O(files) memory, so the same inputs always give
+the same shards (a shard id is a stable unit of work and output across retries and resumes) and a run over
+millions of prompts never holds a list of its shards.
 
 `read_shard` reads one shard's rows, touching only the row groups that overlap it, in record batches through
 a `RowReader` (flows.row_reader): memory is bounded whatever the size of a row group, a row group is decoded
@@ -54,34 +52,9 @@ class Shard:
         return cls(id=int(d["id"]), pieces=tuple(Piece(int(f), int(a), int(b)) for f, a, b in d["pieces"]))
 
 
-def plan_shards(files: list[InputFile], shard_size: int) -> list[Shard]:
-    """Consecutive shards of `shard_size` rows over all files; a shard may span files.
-
-    Files with 0 rows contribute no pieces. Cost is O(shards + files), never per row.
-    """
-    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
-        raise ValueError(f"shard_size must be a positive integer, got {shard_size!r}")
-    shards: list[Shard] = []
-    pieces: list[Piece] = []
-    need = shard_size  # rows still missing from the shard being built
-    for index, f in enumerate(files):
-        pos = 0
-        while pos < f.num_rows:
-            take = min(need, f.num_rows - pos)
-            pieces.append(Piece(index, pos, pos + take))
-            pos += take
-            need -= take
-            if need == 0:
-                shards.append(Shard(len(shards), tuple(pieces)))
-                pieces, need = [], shard_size
-    if pieces:
-        shards.append(Shard(len(shards), tuple(pieces)))
-    return shards
-
-
 class ShardPlan:
-    """`plan_shards(files, shard_size)[i]` for any i, computed when asked: binary search over the files' first
-    global rows. `len(plan)` is the number of shards."""
+    """Shard i of the files for any i, computed when asked: binary search over the files' first global rows
+    (files with 0 rows contribute no pieces; a shard may span files). `len(plan)` is the number of shards."""
 
     def __init__(self, files: list[InputFile], shard_size: int):
         if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:

@@ -16,9 +16,10 @@ import fsspec
 
 from .converge import stale
 from .cost import Price
-from .endpoints import check_bucket
+from ssdgen.storage.endpoints import check_bucket
 from .inputs import InputFile, check_seeds, check_unique_prompt_ids, is_pattern, list_inputs, with_identities
-from .layout import CONFIG, Output, StorageError
+from .layout import CONFIG, Output
+from ssdgen.storage.store import StorageError
 from .lease import Lease
 from .marker import MarkerDigest
 from .plan import ShardPlan
@@ -47,16 +48,18 @@ class Prepared:
 
 
 def check_output(cfg: RunSettings) -> Output:
-    """The output URL is usable: not a file, in a bucket that exists (never created for the user), and not
-    inside a --prompts folder (the run would list its own files as prompts)."""
+    """The output URL is usable: on a store that can create exclusively (commit markers and the lease need it:
+    storage/backends.py), not a file, in a bucket that exists (never created for the user), and not inside a
+    --prompts folder (the run would list its own files as prompts)."""
     try:
         out = Output(cfg.out)
     except (ValueError, ImportError) as e:
         raise ValueError(f"--out {cfg.out}: {e}") from None
+    out.backend.require_create_only(f"--out {cfg.out}")
     try:
         if out.fs.isfile(out.root):
             raise ValueError(f"--out {cfg.out}: is a file; give a folder (or an object-store prefix) for the run")
-        if out.protocol not in ("file", "local"):
+        if out.backend.buckets:
             bucket = out.root.split("/", 1)[0]
             check_bucket(f"--out {cfg.out}", out.fs, bucket)  # a missing bucket, or an endpoint/credential error
     except OSError as e:

@@ -162,6 +162,7 @@ class MarkerFold:
         self.manifest = out.manifest_writer() if manifest else None
         self.errors: Counter = Counter()
         self.reasons: Counter = Counter()  # error_reason -> rows; summing to the failed rows
+        self.decoders: Counter = Counter()  # resolved spec text -> rows it decoded (UNRECORDED: older markers)
         self.wall_s = 0.0
         self.device_types: set = set()
 
@@ -171,6 +172,7 @@ class MarkerFold:
                 self.manifest.add(m)
             self.errors.update(m.errors)
             self.reasons.update(m.error_reasons)
+            self.decoders[m.decoder or UNRECORDED] += m.rows
             if (unrecorded := m.failed - sum(m.error_reasons.values())) > 0:  # a marker from before reasons
                 self.reasons[UNRECORDED] += unrecorded
             if len(self.errors) > self.MAX_ERRORS:
@@ -257,7 +259,8 @@ def run_status(url: str, deep: bool = False, prices=None, usd_per_hour=None, spo
     committed = done.count(1)
     return {"out": url, "shards_total": n_shards, "shards_done": committed, "shards_failed": failed,
             "shards_pending": n_shards - committed - len(failed), "images_ok": ok, "images_failed": n_failed,
-            "errors_by_reason": dict(fold.reasons.most_common()), "damaged": damaged, "cost": cost,
+            "errors_by_reason": dict(fold.reasons.most_common()), "rows_by_decoder": dict(fold.decoders.most_common()),
+            "damaged": damaged, "cost": cost,
             "price_given": given, "audit": audit, "decode_plan": plan_summary(out.read_plan())}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from .retry import transient_io
+from ssdgen.storage.retry import transient_io
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -19,7 +19,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from .layout import MARKER, CorruptMarker, Output, _shard_of
+from .layout import MARKER, Output, _shard_of
+from ssdgen.storage.store import CorruptMarker
 from .marker import FileRecord, MarkerDigest
 
 

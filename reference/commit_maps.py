@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ssdgen.decoders.stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
+from ssdgen.decoders.sample_stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
 
 from . import captions as cap
 from .scenes import SMOOTH_BACKGROUNDS

@@ -103,7 +103,7 @@ def test_train_heads_trains_both_kinds_from_one_sample_set(tmp_path):
 def test_demo_runs_the_flow_on_local_ray_and_writes_committed_images(tmp_path):
     """What `make demo` runs: Prefect's ephemeral API, a local Ray, local files, the bundled model."""
     import pyarrow.parquet as pq
-    r = run("demo", "--out", str(tmp_path), timeout=900)  # Prefect's first start, Ray, two actors
+    r = run("demo", "--out", str(tmp_path / "run"), timeout=900)  # Prefect's first start, Ray, two actors
     assert r.returncode == 0, r.stderr[-3000:]
     man = pq.read_table(tmp_path / "run" / "manifest.parquet").to_pylist()
     assert sum(m["ok"] for m in man) == 8 and (tmp_path / "grid.png").exists()

@@ -1,5 +1,5 @@
 """The manifest and summary converge to the commit markers, and every write rides out transient faults
-(flows/converge.py, flows/retry.py, flows/marker.py's MarkerDigest). Fast unit tests first; then real runs as an
+(flows/converge.py, storage/retry.py, flows/marker.py's MarkerDigest). Fast unit tests first; then real runs as an
 operator meets the faults: an S3 store (moto behind tests/s3_proxy.py) that throttles longer than botocore's own
 retries, or refuses every final write, and a bit flip that kept a file's size and mtime."""
 
@@ -15,8 +15,8 @@ import pytest
 from ssdgen.flows.converge import stale
 from ssdgen.flows.layout import SUMMARY, Output
 from ssdgen.flows.marker import Marker, MarkerDigest
-from ssdgen.flows.retry import retrying, transient_io
-from ssdgen.flows.store import StorageError
+from ssdgen.storage.retry import retrying, transient_io
+from ssdgen.storage.store import StorageError
 
 
 class _Flaky:
@@ -55,7 +55,7 @@ def test_retrying_stops_at_its_deadline_with_the_last_error():
         clock[0] += s
 
     fn = _Flaky([ConnectionResetError(f"reset {i}") for i in range(10_000)])
-    import ssdgen.flows.retry as retry
+    import ssdgen.storage.retry as retry
     real = retry.time.monotonic
     retry.time.monotonic = lambda: clock[0]
     try:

@@ -57,7 +57,7 @@ RUNS = [("ar", {}), ("sjd", {"window": 6}), ("sjd", {"window": 6, "coupled": Tru
 
 
 def _sampling_configs():
-    from ssdgen.decoders.sampling import SamplingConfig
+    from ssdgen.decoders.configs import SamplingConfig
     return (("cfg3", SamplingConfig(cfg_scale=3.0)),
             ("filtered", SamplingConfig(cfg_scale=2.0, temperature=0.9, top_k=5, top_p=0.9)))
 

@@ -12,7 +12,13 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from ssdgen.flows.inputs import (InputError, InputFile, check_unique_prompt_ids, derive_prompt_id, derive_seed,
                           list_inputs)
-from ssdgen.flows.plan import Piece, Shard, plan_shards, read_shard
+from ssdgen.flows.plan import Piece, Shard, ShardPlan, read_shard
+
+
+def plan_shards(files, shard_size):
+    """Every shard of a ShardPlan, in order (what the flow takes one by one)."""
+    plan = ShardPlan(files, shard_size)
+    return [plan[i] for i in range(len(plan))]
 
 
 def write(path, columns: dict, row_group_size=None, schema=None):
@@ -204,7 +210,7 @@ def test_an_unreachable_s3_endpoint_is_one_line_in_seconds(monkeypatch):
 
 
 def test_only_an_endpoint_never_reached_counts_as_unreachable():
-    from ssdgen.flows.endpoints import endpoint_of, unreachable
+    from ssdgen.storage.endpoints import endpoint_of, unreachable
     assert unreachable(ConnectionRefusedError(111, "refused")) == "connection refused"
     assert unreachable(ConnectionError("reset by peer")) is None  # reached: a read failed
     assert unreachable(PermissionError("Access Denied")) is None and unreachable(FileNotFoundError("x")) is None
@@ -224,7 +230,7 @@ def test_only_an_endpoint_never_reached_counts_as_unreachable():
 
 def test_the_probe_passes_a_healthy_endpoint(s3):
     """On a reachable S3 (moto), listing works as before, and a missing bucket is still reported as such."""
-    from ssdgen.flows.endpoints import probe
+    from ssdgen.storage.endpoints import probe
     with s3.open("ssdgen-test/in/p.parquet", "wb") as fh:
         pq.write_table(pa.table({"prompt": prompts(3)}), fh)
     assert probe(s3, "ssdgen-test/in/") is None and probe(s3, "no-such-bucket/x") is None

@@ -231,10 +231,10 @@ def test_a_driver_that_loses_the_lease_mid_shard_leaves_no_attempt(tmp_path, mon
         return [first, out.write_bytes(f"{attempt}/stats.parquet", b"y", 1)]
 
     out.fence = fence
-    monkeypatch.setattr(commit, "shard_marker", lambda job, cfg: ({"shard": 0}, None, None, None))
+    monkeypatch.setattr(commit, "shard_marker", lambda job, cfg, spec: ({"shard": 0}, None, None, None))
     monkeypatch.setattr(commit, "shard_files", files)
     with pytest.raises(LeaseLost):
-        commit.Commit(SimpleNamespace(format="parquet", shard_size=4), out).write(
+        commit.Commit(SimpleNamespace(format="parquet", shard_size=4), out, "ar").write(
             SimpleNamespace(shard=SimpleNamespace(id=0)), time.perf_counter())
     assert (tmp_path / "run" / "shards" / "000000").is_dir() and not list((tmp_path / "run").rglob("*.parquet"))
     assert not list((tmp_path / "run").rglob("attempt-*")) and not list((tmp_path / "run").rglob("_SUCCESS.json"))

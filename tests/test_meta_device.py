@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from ssdgen.decoders import decode, load_heads  # noqa: E402
 from ssdgen.decoders.fidelity import target_nll  # noqa: E402
-from ssdgen.decoders.sampling import SamplingConfig  # noqa: E402
+from ssdgen.decoders.configs import SamplingConfig  # noqa: E402
 from ssdgen.decoders.ssd_train import DistillConfig, draft_acceptance, train_heads  # noqa: E402
 from test_decoders import PROMPTS  # noqa: E402
 from tiny import tiny_with_heads  # noqa: E402

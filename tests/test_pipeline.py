@@ -256,6 +256,38 @@ def test_a_calibrated_decoder_decides_once_and_a_rerun_replays_the_plan(tmp_path
     assert len(Output(str(out)).committed()) == 2
 
 
+def test_each_row_records_the_resolved_spec_that_decoded_it_and_that_spec_reproduces_its_tokens(tmp_path):
+    """A calibrated run (ssd+csd) whose shard 1 was re-decoded under a plan that chose plain AR: each row's
+    `decoder` column, each marker, the summary and the status name the resolved spec that decoded it, never the
+    requested ssd+csd (the run config keeps that); and that spec's text given back as --decoder decodes the same
+    tokens."""
+    import fsspec
+    from ssdgen.decoders.spec import DecodeSpec
+    from ssdgen.flows.layout import Output
+    from ssdgen.flows.reader import run_status
+    src, out = tmp_path / "p.parquet", tmp_path / "run"
+    _write(None, src, _prompts(8))
+    kw = dict(prompts=[str(src)], out=str(out), decoder="ssd+csd", shard_size=4, batch_size=4, actors=1)
+    _run(**kw)
+    planned = str(DecodeSpec.parse(json.loads((out / "_plan.json").read_text())["spec"]))
+    plan = json.loads((out / "_plan.json").read_text())
+    ar = "ar:cfg=3.0:temperature=1.0:top_k=0:top_p=1.0"
+    (out / "_plan.json").write_text(json.dumps({"spec": ar, "measurements": plan["measurements"]}))
+    fsspec.filesystem("file").rm(str(out / "shards" / "000001"), recursive=True)
+    s = _run(**kw)
+    images, stats = _committed(str(out))
+    want = [planned] * 4 + [ar] * 4
+    assert images.column("decoder").to_pylist() == want and stats.column("decoder").to_pylist() == want
+    assert [m.decoder for _, m in sorted(Output(str(out)).committed().items())] == [planned, ar]
+    by = {planned: 4, ar: 4} if planned != ar else {ar: 8}
+    assert s["rows_by_decoder"] == by and run_status(str(out))["rows_by_decoder"] == by
+    assert json.loads((out / "_config.json").read_text())["decoder"].startswith("ssd+csd")  # what was asked
+    again = _run(**(kw | {"out": str(tmp_path / "again"), "decoder": ar}))
+    assert again["rows_by_decoder"] == {ar: 8}
+    tokens = _committed(str(tmp_path / "again"))[0].column("tokens").to_pylist()
+    assert tokens[4:] == images.column("tokens").to_pylist()[4:]
+
+
 def test_a_calibrated_run_without_a_batch_size_decodes_at_the_batch_its_plan_chose(tmp_path):
     """No --batch-size: the plan chooses the batch with the decoder, among the sizes a shard holds (4 rows here:
     1, 2 or 4); the run decodes at it, says so in its summary, and a resume takes it from `_plan.json`. A

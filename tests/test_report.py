@@ -134,3 +134,9 @@ def test_the_report_says_what_a_calibrated_decoders_plan_decided(run, tmp_path):
     write_report(str(out), tmp_path / "r.html")
     text = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert "decoded as plain AR: plain AR at batch 16: 1.62x the images/s of the best window" in text
+    # the run asked for ssd+csd; its rows say what decoded them (here the fixture's csd), and the page counts them
+    conf = json.loads((out / "_config.json").read_text())
+    (out / "_config.json").write_text(json.dumps(conf | {"decoder": "ssd+csd:cfg=3.0"}))
+    write_report(str(out), tmp_path / "r.html")
+    text = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert f"Rows by the resolved spec that decoded them: {conf['decoder']}: " in text

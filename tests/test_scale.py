@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ssdgen.flows.inputs import InputFile, list_inputs
-from ssdgen.flows.plan import ShardPlan, plan_shards, read_shard
+from ssdgen.flows.plan import Piece, Shard, ShardPlan, read_shard
 from ssdgen.flows.row_reader import RowReader
 from ssdgen.flows.marker import Marker
 
@@ -27,6 +27,21 @@ ROOT = Path(__file__).resolve().parents[1]
 def _fake(n: int) -> InputFile:
     return InputFile(url=f"file:///f{n}", num_rows=n, row_groups=(n,) if n else (), size=1, has_prompt_id=False,
                      has_seed=False)
+
+
+def plan_shards(files: list[InputFile], shard_size: int) -> list[Shard]:
+    """The oracle: consecutive shards of `shard_size` rows over all files, built as one list, the simplest way."""
+    shards, pieces, need = [], [], shard_size
+    for index, f in enumerate(files):
+        pos = 0
+        while pos < f.num_rows:
+            take = min(need, f.num_rows - pos)
+            pieces.append(Piece(index, pos, pos + take))
+            pos, need = pos + take, need - take
+            if need == 0:
+                shards.append(Shard(len(shards), tuple(pieces)))
+                pieces, need = [], shard_size
+    return shards + ([Shard(len(shards), tuple(pieces))] if pieces else [])
 
 
 def test_lazy_plan_gives_the_same_shards_as_the_list():
@@ -100,7 +115,7 @@ def test_group_ranges_cover_each_pending_shard_once():
 
 
 def test_a_group_raises_the_worst_error_of_its_shards():
-    from ssdgen.flows.dispatch import Ticket
+    from ssdgen.flows.ticket import Ticket
     for errors, expected in [([OSError("put"), ValueError("bad")], ValueError), ([OSError("put")], OSError),
                              ([ValueError("y"), OSError("put")], ValueError), ([], None)]:
         t = Ticket()

@@ -6,7 +6,7 @@ from dataclasses import fields
 import pytest
 
 from ssdgen.decoders import FAMILIES, run
-from ssdgen.decoders.sampling import SamplingConfig
+from ssdgen.decoders.configs import SamplingConfig
 from ssdgen.decoders.spec import DecodeSpec, common_sampling
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ssdgen.decoders import decode, decoder_config
-from ssdgen.decoders.stats import COMMIT_BONUS
+from ssdgen.decoders.sample_stats import COMMIT_BONUS
 from ssdgen.decoders.block import BUDGET_FULL
 from ssdgen.decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
 from ssdgen.decoders.ssd_train import DistillConfig, train_heads

@@ -200,10 +200,9 @@ class DecodeWorker:
                 out[r["prompt_id"]] = Sample.failed(r["prompt_id"],
                                                     f"invalid prompt: {str(e).removeprefix('prompt 0: ')}",
                                                     prompt_error_reason(e))
-        groups = [good] if good else []
         try:
-            for g in groups:
-                self._decode_group(g, out)
+            if good:
+                self._decode_group(good, out)
         except Exception:  # noqa: BLE001 - isolate the failing sample(s) by decoding one at a time
             for r in good:
                 out.pop(r["prompt_id"], None)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.resources
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from ssdgen.cli.options import MODEL, RUN_DECODER, flow_console, friendly, spec_of
+from ssdgen.cli.options import flow_console, friendly
 from ssdgen.cli.run_options import run_settings
 from ssdgen.flows.settings import RunSettings
 
 app = typer.Typer()
+# the bundled example prompts (reference/data), found without importing the reference model's code
+EXAMPLES = str(importlib.resources.files("ssdgen.reference.data").joinpath("example_prompts.parquet"))
 
 
 @app.command()
@@ -60,12 +63,21 @@ def _by_reason(s: dict) -> str | None:
     return "failed images by reason: " + ", ".join(f"{r} {n}" for r, n in reasons.items())
 
 
+def _by_decoder(s: dict) -> str | None:
+    """The rows counted by the resolved spec that decoded them (the row's `decoder` column), on one line; None
+    for a summary from before rows recorded it."""
+    if not (by := s.get("rows_by_decoder")):
+        return None
+    return "rows by resolved decoder: " + ", ".join(f"{spec} {n}" for spec, n in by.items())
+
+
 def _print_summary(s: dict) -> None:
     from ssdgen.flows.cost import cost_table
     typer.echo(f"shards {s['shards_committed']}/{s['shards_total']} committed ({s['shards_run_now']} this run); "
                f"images ok {s['images_ok']}, failed {s['images_failed']}")
-    if (why := _by_reason(s)) is not None:
-        typer.echo(f"  {why}")
+    for line in (_by_reason(s), _by_decoder(s)):
+        if line is not None:
+            typer.echo(f"  {line}")
     from ssdgen.flows.audit import audit_rows, warning
     for r in cost_table(s) + audit_rows(s.get("audit")):
         typer.echo(f"  {r['metric']:<34} {r['value']}")
@@ -123,8 +135,9 @@ def status(url: str = typer.Argument(..., help="a run's output URL"),
     st = run_status(url, deep=verify, prices=prices, usd_per_hour=usd_per_hour, spot_usd_per_hour=spot_usd_per_hour)
     typer.echo(f"{url}: {st['shards_done']} done, {st['shards_pending']} pending, {len(st['shards_failed'])} failed "
                f"of {st['shards_total']} shards; images ok {st['images_ok']}, failed {st['images_failed']}")
-    if (why := _by_reason(st)) is not None:
-        typer.echo(f"  {why}")
+    for line in (_by_reason(st), _by_decoder(st)):
+        if line is not None:
+            typer.echo(f"  {line}")
     for k, v in st["shards_failed"].items():
         typer.echo(f"  failed shard {k}: {v}")
     for d in st["damaged"]:
@@ -181,27 +194,24 @@ def verify_cmd(url: str = typer.Argument(..., help="a run's output URL"),
 
 @app.command()
 @friendly
-def demo(out: Path = typer.Option(Path("out"), help="output folder"), decoder: str = RUN_DECODER,
-         batch_size: int = typer.Option(8, help="prompts per decoder call"),
-         actors: int = typer.Option(2, help="Ray actors (each loads the model once)"), model: Optional[str] = MODEL):
+@run_settings(prompts=(EXAMPLES,), shard_size=4, batch_size=8)
+def demo(settings: RunSettings):
     """The embedded default job: the bundled example prompts (Parquet) through the Prefect flow on local Ray
-    actors into OUT/run (the summary says what the planner chose and why), then a grid.png of the committed
-    images with their prompts."""
+    actors into --out (the summary says what the planner chose and why), then a grid.png of the committed images
+    with their prompts beside it (out/grid.png for the default out/run; in this folder for an object store).
+    Every generate option applies."""
     import io
     import numpy as np
     from PIL import Image
-    from ssdgen.flows.settings import RunSettings
     from ssdgen.reference.figures import captioned_grid
-    from ssdgen.reference.prompts import EXAMPLES_PARQUET
     from ssdgen.flows.reader import open_run
-    cfg = RunSettings(prompts=(str(EXAMPLES_PARQUET),), out=str(out / "run"), model=model or "reference",
-                         decoder=spec_of(decoder), shard_size=4, batch_size=batch_size, actors=actors)
-    _run(cfg, overwrite=False, progress=True)  # a second `make demo` finds nothing to do and ends at once
-    rows = [r for r in open_run(str(out / "run"), columns=["prompt", "image"]).to_table().to_pylist() if r["image"]]
+    _run(settings, overwrite=False, progress=True)  # a second `make demo` finds nothing to do and ends at once
+    rows = [r for r in open_run(settings.out, columns=["prompt", "image"]).to_table().to_pylist() if r["image"]]
     imgs = [np.asarray(Image.open(io.BytesIO(r["image"]["bytes"])).convert("RGB")) for r in rows]
-    captioned_grid(imgs, [r["prompt"] for r in rows]).save(out / "grid.png")
-    typer.echo(f"{len(imgs)} images -> {(out / 'run').resolve()}/ (shards/*/attempt-*/images.parquet); "
-               f"look at {(out / 'grid.png').resolve()}")
+    local = "://" not in settings.out or settings.out.startswith("file://")  # else the grid goes to this folder
+    grid = (Path(settings.out.removeprefix("file://")).resolve().parent if local else Path.cwd()) / "grid.png"
+    captioned_grid(imgs, [r["prompt"] for r in rows]).save(grid)
+    typer.echo(f"{len(imgs)} images -> {settings.out} (shards/*/attempt-*/images.parquet); look at {grid}")
 
 
 @app.command()

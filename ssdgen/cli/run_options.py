@@ -53,6 +53,8 @@ def settings_parameters(overrides: dict) -> list[inspect.Parameter]:
         default = overrides.get(name, info.default)
         if default is PydanticUndefined or default is None and name in overrides:
             default = ...  # required
+        elif isinstance(default, tuple):  # a repeatable option's default (demo's prompts)
+            default = list(default)
         elif not isinstance(default, (str, int, float, bool, type(None))):
             default = str(default)  # a decode spec shows as its text
         # a field marked cli_text is read as text and parsed by pydantic: a bad number is one `error:` line

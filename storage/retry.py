@@ -1,5 +1,5 @@
 """Storage writes that ride out an object store's transient faults: throttling (503 SlowDown), 5xx answers,
-timeouts, reset or closed connections. Every write of a run goes through `retrying` (flows.store decorates its
+timeouts, reset or closed connections. Every write of a run goes through `retrying` (storage.store decorates its
 write methods with `retried`): markers, the lease, the config, the plan, the price, the manifest and the summary.
 
 The client library retries too (botocore: a few attempts within a second or two), which a store that throttles

@@ -1,9 +1,9 @@
-"""Storage primitives on any fsspec URL, with the guarantees the run's files need: a file is replaced whole or
-not at all (`put`: a temp file and a rename on a local disk, one PUT on an object store), a create-only write
-(`create`: a hard link locally, `If-None-Match: *` on S3) for commit markers and leases, and every refusal of the
+"""Storage primitives on any fsspec URL, with the guarantees the run's files need, as the store's backend
+declares and does them (storage/backends.py): a file is replaced whole or not at all (`put`), a create-only
+write (`create`) for commit markers and leases, refused on a store that cannot do it, and every refusal of the
 store (a full disk, no permission) as one `StorageError` naming the URL. Object stores never get a bucket made.
 Every write and delete is retried through transient faults (throttling, 5xx, resets) up to a deadline
-(flows.retry).
+(storage.retry).
 
 A run's Output carries a fence (its driver's lease check, flows.lease): every write and delete here calls it
 first, so a driver that lost its lease changes nothing more.
@@ -18,12 +18,12 @@ import io
 import json
 import os
 import posixpath
-import uuid
 
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .backends import Backend, backend_for
 from .retry import retried
 
 
@@ -52,6 +52,7 @@ class Store:
         self.fs, root = fsspec.core.url_to_fs(url)
         self.root = root.rstrip("/")
         self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self.backend: Backend = backend_for(self.fs)
         self.url = url
 
     def path(self, *parts: str) -> str:
@@ -85,22 +86,11 @@ class Store:
     @retried
     def put(self, path: str, data: bytes) -> None:
         """Replace the file at `path` whole, or leave the old one: a failure (a full disk) never leaves a
-        half-written file where a good one was. Local disks: a temp file beside it, then an atomic rename;
-        object stores: one PUT, which is visible complete or not at all."""
+        half-written file where a good one was (the backend's `replace`: a rename locally, one PUT on S3)."""
         self._fenced()
         self._parent(path)
         try:
-            if self.protocol not in ("file", "local"):
-                self.fs.pipe_file(path, data)
-                return
-            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            self.backend.replace(self.fs, path, data)
         except StorageError:
             raise
         except OSError as e:
@@ -112,7 +102,7 @@ class Store:
 
     def _parent(self, path: str) -> None:
         """Local file systems need the folder; object stores have no folders (and must not get buckets made)."""
-        if self.protocol in ("file", "local"):
+        if self.backend.folders:
             try:
                 self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
             except OSError as e:
@@ -135,7 +125,7 @@ class Store:
             self.fs.pipe_file(path, data)
             record = {"path": posixpath.relpath(path, self.root), "rows": rows, "bytes": len(data),
                       "sha256": hashlib.sha256(data).hexdigest(), "md5": hashlib.md5(data).hexdigest()}
-            if self.protocol in ("file", "local"):
+            if self.backend.folders:  # a file system's mtime (an object store's ETag is the md5 above)
                 record["mtime"] = self.fs.info(path)["mtime"]
             return record
         except OSError as e:
@@ -146,25 +136,15 @@ class Store:
         """Write `data` at `p` create-only, all at once. False if the name holds another writer's object. `data`
         must be unique to this writer (a lease's token, a marker's attempt): when the store's answer to our PUT
         is lost, the client retries and finds the object there, and reading it back tells our own write from
-        another's."""
+        another's. A store that cannot create exclusively raises NoExclusiveCreate (storage/backends.py)."""
         self._fenced()
         self._parent(p)
-        if self.protocol in ("file", "local"):
-            try:
-                return _link_create(p, data) or self._ours(p, data)
-            except OSError as e:
-                raise storage_error(self.full_url(p), e) from None
+        if not self.backend.literal_paths:  # an object store's errors go to the retry as they are (storage/retry.py)
+            return self.backend.create(self.fs, p, data) or self._ours(p, data)
         try:
-            with self.fs.open(p, "xb") as f:
-                f.write(data)
-            return True
-        except FileExistsError:
-            return self._ours(p, data)
-        except (ValueError, NotImplementedError):  # a filesystem without create-only writes
-            if self.fs.exists(p):
-                return self._ours(p, data)
-            self.fs.pipe_file(p, data)
-            return True
+            return self.backend.create(self.fs, p, data) or self._ours(p, data)
+        except OSError as e:
+            raise storage_error(self.full_url(p), e) from None
 
     def _ours(self, p: str, data: bytes) -> bool:
         self.fs.invalidate_cache(p)  # a cached listing from before our write would say the object is not there
@@ -201,8 +181,8 @@ class Store:
         wrote and never committed (its attempt, removed after it lost the lease: flows.commit)."""
         if fenced:
             self._fenced()
-        if self.protocol in ("file", "local") or not any(c in path for c in "*?["):
-            self.fs.rm(path, recursive=True)  # a local disk's rm does not glob
+        if self.backend.literal_paths or not any(c in path for c in "*?["):
+            self.fs.rm(path, recursive=True)  # a local file system's rm does not glob
             return
         for p in self.fs.find(path):  # a request per file, only where the run's URL holds glob characters
             self.fs.rm_file(p)
@@ -211,25 +191,8 @@ class Store:
     def move(self, src: str, dst: str) -> None:
         """Rename a file (an object store: copy, then delete, as fsspec's mv does)."""
         self._fenced()
-        if self.protocol in ("file", "local"):
+        if self.backend.literal_paths:
             self.fs.mv(src, dst)
             return
         self.fs.cp_file(src, dst)
         self.fs.rm_file(src)
-
-
-def _link_create(path: str, data: bytes) -> bool:
-    """Create-only and atomic on a local disk: write a private temp file, then hard-link it into place
-    (link fails if the name exists), so a reader never sees a half-written marker."""
-    import os
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        if os.path.exists(tmp):  # a full disk fails the write itself: no temp file stays behind either
-            os.unlink(tmp)

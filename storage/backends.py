@@ -1,0 +1,130 @@
+"""One backend per kind of store, each declaring the guarantees a run relies on, and doing the writes that
+depend on them (storage/store.py calls these, and branches on nothing else):
+
+| backend           | replaced whole (`replace`)   | create-only (`create`)          | listing after write |
+|-------------------|------------------------------|---------------------------------|---------------------|
+| local disk        | temp file + atomic rename    | temp file + hard link (atomic)  | yes                 |
+| S3 (s3fs)         | one PUT                      | PUT with `If-None-Match: *`     | yes (strong, 2020-12) |
+| local file system | one write through fsspec     | open(mode="xb"): O_EXCL         | yes                 |
+|   under another protocol (an fsspec LocalFileSystem subclass)                                      |
+| anything else     | one write through fsspec     | none: refused                   | not declared        |
+
+Why refuse. A commit marker and the lease are correct only if two writers racing for one name cannot both
+win. A store that cannot create exclusively would get check-then-write, which two writers can both pass:
+a shard committed twice with different files, two drivers both holding the lease. So a run on such a store
+stops before it writes, in one line naming the backend (`require_create_only`), instead of losing that
+guarantee without a word. (fsspec's generic `open(mode="xb")` is exactly check-then-write: it is trusted only
+where the backend says the file system does it atomically.)
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+
+LOCAL_PROTOCOLS = ("file", "local")
+
+
+class NoExclusiveCreate(ValueError):
+    """The store cannot create a file exclusively: commit markers and the lease cannot be kept on it."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What a kind of store guarantees, and how the writes that depend on it are done. Subclasses override
+    `replace` and `create`; the flags say what the rest of the code may rely on."""
+
+    name: str
+    atomic_replace: bool = True  # `replace` leaves the old file or the whole new one, never a part
+    create_only: bool = False  # `create` cannot race: of two writers of one name, exactly one wins
+    list_after_write: bool = False  # a listing right after a write includes it
+    folders: bool = False  # folders must exist before a write (local disks); object stores have none
+    buckets: bool = False  # an object store: its bucket must exist and is never made for the user
+    literal_paths: bool = False  # rm and mv take a path as written (fsspec's own expand `*?[` elsewhere)
+
+    def replace(self, fs, path: str, data: bytes) -> None:
+        fs.pipe_file(path, data)
+
+    def create(self, fs, path: str, data: bytes) -> bool:
+        """Write `data` at `path` if nothing is there: True; False when the name is taken."""
+        raise NoExclusiveCreate(self.refusal(fs.unstrip_protocol(path)))
+
+    def refusal(self, url: str) -> str:
+        return (f"{url}: {self.name} cannot create a file exclusively, which commit markers and the run's lease "
+                "need (two writers could both win); write the run to a local disk or to S3")
+
+    def require_create_only(self, url: str) -> None:
+        """Raise NoExclusiveCreate (one line naming the backend) unless this store can create exclusively."""
+        if not self.create_only:
+            raise NoExclusiveCreate(self.refusal(url))
+
+
+@dataclass(frozen=True)
+class LocalDisk(Backend):
+    name: str = "a local disk"
+    create_only: bool = True
+    list_after_write: bool = True
+    folders: bool = True
+    literal_paths: bool = True
+
+    def replace(self, fs, path: str, data: bytes) -> None:
+        """A temp file beside it, then an atomic rename: a full disk leaves the old file, never half a new one."""
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def create(self, fs, path: str, data: bytes) -> bool:
+        """A private temp file, hard-linked into place (link fails if the name exists): create-only and atomic,
+        so a reader never sees a half-written marker."""
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            if os.path.exists(tmp):  # a full disk fails the write itself: no temp file stays behind either
+                os.unlink(tmp)
+
+
+@dataclass(frozen=True)
+class ExclusiveOpen(Backend):
+    """A store whose `open(path, "xb")` is itself exclusive: S3 (s3fs sends `If-None-Match: *`, and S3 answers
+    412 to the second writer) and fsspec's LocalFileSystem under another protocol (Python's open, O_EXCL)."""
+
+    create_only: bool = True
+    list_after_write: bool = True
+
+    def create(self, fs, path: str, data: bytes) -> bool:
+        try:
+            with fs.open(path, "xb") as f:
+                f.write(data)
+            return True
+        except FileExistsError:
+            return False
+
+
+def backend_for(fs) -> Backend:
+    """The backend of an fsspec file system: by its protocol for a plain local disk, by its class otherwise
+    (a subclass keeps its parent's guarantees: a test's fault-injecting S3 is still S3)."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if set(protocols) & set(LOCAL_PROTOCOLS):
+        return LocalDisk()
+    from fsspec.implementations.local import LocalFileSystem
+    if isinstance(fs, LocalFileSystem):
+        return ExclusiveOpen(f"a local file system ({protocols[0]}://)", folders=True)
+    try:
+        from s3fs import S3FileSystem
+    except ImportError:  # without s3fs no S3 file system exists either
+        S3FileSystem = ()
+    if S3FileSystem and isinstance(fs, S3FileSystem):
+        return ExclusiveOpen("S3", buckets=True)
+    return Backend(f"{type(fs).__name__} ({protocols[0]}://)", buckets=True)

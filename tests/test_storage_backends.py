@@ -1,0 +1,74 @@
+"""The storage layer's backends (storage/backends.py): each kind of store declares what it guarantees, and a store
+that cannot create a file exclusively is refused for commit markers and the lease, in one line naming it, never
+downgraded to check-then-write. The test double is an in-memory file system whose `open(mode="xb")` is fsspec's
+generic check-then-write."""
+
+import subprocess
+import sys
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+from test_operations import ROOT, cli_env, one_error
+
+from ssdgen.storage.backends import ExclusiveOpen, LocalDisk, NoExclusiveCreate, backend_for
+
+
+class NoCreateFS(MemoryFileSystem):
+    """A store without an exclusive create: its `xb` checks, then writes (two writers can both pass)."""
+    protocol = "nocreatetest"
+    store, pseudo_dirs = {}, [""]
+
+
+def register() -> None:
+    fsspec.register_implementation("nocreatetest", NoCreateFS, clobber=True)
+
+
+def test_each_backend_declares_its_guarantees():
+    import s3fs
+    from faults import FaultyLocal, FaultyS3
+    local = backend_for(fsspec.filesystem("file"))
+    assert isinstance(local, LocalDisk) and local.create_only and local.atomic_replace and local.literal_paths
+    s3 = backend_for(s3fs.S3FileSystem(anon=True))
+    assert isinstance(s3, ExclusiveOpen) and s3.name == "S3" and s3.create_only and s3.buckets and not s3.folders
+    assert backend_for(FaultyS3(anon=True)).name == "S3"  # a subclass keeps its parent's guarantees
+    faulty = backend_for(FaultyLocal())
+    assert isinstance(faulty, ExclusiveOpen) and faulty.folders and not faulty.literal_paths
+    memory = backend_for(NoCreateFS())
+    assert not memory.create_only and "NoCreateFS (nocreatetest://)" in memory.name
+
+
+def test_a_store_without_exclusive_create_is_refused_for_markers_and_the_lease():
+    from ssdgen.flows.layout import Output
+    from ssdgen.flows.lease import Lease
+    from ssdgen.flows.marker import Marker
+    register()
+    NoCreateFS.store.clear()
+    out = Output("nocreatetest://bucket/run")
+    with pytest.raises(NoExclusiveCreate, match="NoCreateFS .nocreatetest://. cannot create a file exclusively"):
+        out.commit(Marker(shard=0, files=(), attempt="attempt-x"))
+    with pytest.raises(NoExclusiveCreate, match="the run's lease"):
+        Lease(out).acquire()
+    assert not NoCreateFS.store  # nothing written: no marker, no lease, no folder
+
+
+def test_a_local_create_is_exclusive_and_tells_its_own_write(tmp_path):
+    from ssdgen.storage.store import Store
+    store = Store(str(tmp_path))
+    p = store.path("x", "_SUCCESS.json")
+    assert store.create(p, b"mine") and store.create(p, b"mine")  # a retried create of our own bytes: ours
+    assert not store.create(p, b"theirs") and (tmp_path / "x" / "_SUCCESS.json").read_bytes() == b"mine"
+    assert not list(tmp_path.rglob("*.tmp-*"))
+
+
+@pytest.mark.integration
+def test_generate_on_a_store_without_exclusive_create_stops_in_one_line_naming_it(tmp_path):
+    """The way a user meets it: `ssdgen generate --out` on such a store stops before writing anything."""
+    from pipeline_helpers import eval_rows, write_parquet
+    src = tmp_path / "p.parquet"
+    write_parquet(None, src, eval_rows(4))
+    code = ("import test_storage_backends as t; t.register(); from ssdgen.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code, "generate", "--prompts", str(src), "--out",
+                           "nocreatetest://bucket/run", "--decoder", "ar", "--no-progress"], env=cli_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    one_error(proc, "--out nocreatetest://bucket/run", "NoCreateFS", "cannot create a file exclusively")

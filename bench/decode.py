@@ -36,9 +36,9 @@ import time
 import numpy as np
 import torch
 
-from ssdgen.decoders import heads_for, resolve, run
-from ssdgen.decoders.configs import CALIBRATION_PROMPTS
-from ssdgen.decoders.configs import SamplingConfig
+from ssdgen.decoders import build
+from ssdgen.decoders.decoder import Decoder
+from ssdgen.decoders.recipes import CALIBRATION_PROMPTS, SamplingConfig
 from ssdgen.decoders.spec import DecodeSpec, common_sampling, speculative_rows
 
 
@@ -110,12 +110,11 @@ class SpeedTally:
     interleaves the cells of a batch size batch by batch within each round, so a slow spell of the machine falls
     on every decoder alike, and each round gives the cell one images/s figure (bench/noise.py)."""
 
-    def __init__(self, model, name: str, spec: DecodeSpec, batch_size: int, role: str = "decoder",
-                 decode_as: DecodeSpec | None = None, heads=None):
+    def __init__(self, model, name: str, spec: DecodeSpec, batch_size: int, role: str, decoder: Decoder):
         """name: the row's (unique within a bench); role: reference (the AR that ratios divide by), control (AR
-        timed again: the noise floor) or decoder; decode_as: what decodes (a calibrated spec's resolution)."""
+        timed again: the noise floor) or decoder; decoder: what decodes (`spec` as it resolves at this batch)."""
         self.model, self.name, self.spec, self.batch_size, self.role = model, name, spec, batch_size, role
-        self.decode_as, self.heads = decode_as or spec, heads
+        self.decoder = decoder
         self.fc = ForwardCounter(model)
         self.forwards, self.committed, self.latencies, self.accepted, self.waste = [], [], [], [], []
         self.batches, self.seconds, self.n = 0, 0.0, 0
@@ -132,7 +131,7 @@ class SpeedTally:
             fc.recording = self.batches == 0  # the first batch's forward shapes, for the shape replay
             _sync(self.model)
             t0 = time.perf_counter()
-            res = run(self.decode_as, self.model, prompts, seeds, self.heads)
+            res = self.decoder.decode(prompts, seeds)
             _sync(self.model)
             secs = time.perf_counter() - t0
         self.seconds += secs
@@ -280,16 +279,15 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
     monitor.idle_check()
     named = row_names(specs, DecodeSpec("ar", (), sc))
     decs = list(dict.fromkeys(spec for _, spec, _ in named))  # each spec once: heads, plans, quality, fidelity
-    heads = {spec: heads_for(spec, model) for spec in decs}  # loaded once; missing heads fail before any decode
+    built = {spec: build(spec, model) for spec in decs}  # heads loaded once; missing heads fail before any decode
     rows_ = eval_prompts(n)
     prompts = [r["prompt"] for r in rows_]
     seeds = [seed * 1_000_003 + r["seed"] for r in rows_]
     if warmup:
         for spec in decs:
-            run(resolve(spec, model, prompts[:1], seeds[:1], 1, heads.get(spec))[0], model, prompts[:1], seeds[:1],
-                heads.get(spec))
+            built[spec].resolve(prompts[:1], seeds[:1], 1).decode(prompts[:1], seeds[:1])
         _sync(model)
-    tallies = _cells(model, named, decs, heads, prompts, seeds, batch_sizes, log)
+    tallies = _cells(model, named, built, prompts, seeds, batch_sizes, log)
     monitor.mark("calibration")
     log(f"timing {len(tallies)} cells ({len(named) - 1} decoders and an AR control x {len(batch_sizes)} batch "
         f"sizes) in {rounds} interleaved rounds of {n} prompts each")
@@ -310,7 +308,7 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
         | ({"samples": samples, "fidelity_n": fidelity_n, "tolerance": tolerance} if fidelity_n else {})
 
 
-def _cells(model, named, decs, heads, prompts, seeds, batch_sizes, log) -> list[SpeedTally]:
+def _cells(model, named, built: dict, prompts, seeds, batch_sizes, log) -> list[SpeedTally]:
     """A tally per (batch size, named row), each decoding as its spec resolves at that batch size (`_calibrate`,
     once per spec and batch size), its plan's columns kept for the row."""
     tallies = []
@@ -318,9 +316,9 @@ def _cells(model, named, decs, heads, prompts, seeds, batch_sizes, log) -> list[
         if bs > len(prompts):
             log(f"note: batch {bs} > --n {len(prompts)}: its batches hold all {len(prompts)} prompts, as batch "
                 f"{len(prompts)} would")
-        plans = {spec: _calibrate(model, spec, prompts, seeds, bs, heads.get(spec)) for spec in decs}
+        plans = {spec: _calibrate(dec, prompts, seeds, bs) for spec, dec in built.items()}
         for name, spec, role in named:
-            t = SpeedTally(model, name, spec, bs, role, plans[spec][0], heads.get(spec))
+            t = SpeedTally(model, name, spec, bs, role, plans[spec][0])
             t.planned = plans[spec][1]
             tallies.append(t)
     return tallies
@@ -350,16 +348,16 @@ def _speed_rows(tallies: list[SpeedTally], price, devices: int, log) -> tuple[li
     return rows, floor
 
 
-def _calibrate(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], batch: int,
-               heads=None) -> tuple[DecodeSpec, dict | None]:
+def _calibrate(dec: Decoder, prompts: list[str], seeds: list[int], batch: int) -> tuple[Decoder, dict | None]:
     """(what the spec decodes as at this batch size, the row's calibration columns): a calibrated spec resolved
     as a run resolves it (decoders/calibrate.py: on the first max(batch, 4) prompts); any other spec as it is."""
     k = max(batch, CALIBRATION_PROMPTS)
-    resolved, measured = resolve(spec, model, prompts[:k], seeds[:k], batch, heads)
-    if measured is None:
-        return spec, None
-    return resolved, {"plan_rows": speculative_rows(resolved), "plan_spec": str(resolved),
-                      "calibration_s": measured.seconds, "plan_choice": measured.choice, "plan_why": measured.why}
+    chosen = dec.resolve(prompts[:k], seeds[:k], batch)
+    if chosen.plan is None:
+        return dec, None
+    m = chosen.plan
+    return chosen, {"plan_rows": speculative_rows(chosen.spec), "plan_spec": str(chosen),
+                    "calibration_s": m.seconds, "plan_choice": m.choice, "plan_why": m.why}
 
 
 def _add_quality(model, decs, rows, chosen, n, batch, seed, log) -> None:

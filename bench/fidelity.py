@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ssdgen.decoders import heads_for, run
+from ssdgen.decoders import build
 from ssdgen.decoders.calibrate import choices  # a calibrated spec's choices: bench/decode.py imports it from here
 from ssdgen.decoders.fidelity import paired_gap, ratio_gap, target_nll
-from ssdgen.decoders.configs import REFERENCE_SEED_OFFSET
+from ssdgen.decoders.recipes import REFERENCE_SEED_OFFSET
 from ssdgen.decoders.spec import DecodeSpec, common_sampling
 
 
@@ -42,10 +42,10 @@ def decode_set(model, spec: DecodeSpec, prompts: list[str], seeds: list[int], ba
                images: bool) -> dict:
     """Decode, score under the target -> tokens, per-sample NLL, forwards, seconds, images (or None)."""
     toks, nll, fwd, imgs = [], [], [], []
-    heads = heads_for(spec, model)  # loaded once, not timed
+    dec = build(spec, model)  # its heads loaded once, not timed
     t0 = time.perf_counter()
     for i in tqdm(range(0, len(prompts), batch_size), desc=f"fidelity {spec.label}", unit="batch"):
-        res = run(spec, model, prompts[i:i + batch_size], seeds[i:i + batch_size], heads)
+        res = dec.decode(prompts[i:i + batch_size], seeds[i:i + batch_size])
         toks.append(res.tokens)
         fwd += [st.forwards for st in res.stats]
         if images:

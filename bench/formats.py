@@ -20,16 +20,16 @@ from ssdgen.workers.decode_worker import IMAGE_FORMATS, encode_image
 
 def decode(n: int, model_spec: str | None = None, batch_size: int = 32) -> list[np.ndarray]:
     """The first n eval prompts decoded with `ar` -> uint8 HxWx3 images."""
-    from ssdgen.decoders import run
-    from ssdgen.decoders.spec import DecodeSpec
+    from ssdgen.decoders import build
     from ssdgen.models.registry import load_model
     from ssdgen.reference.prompts import eval_prompts
-    model, spec = load_model(model_spec), DecodeSpec.parse("ar")
+    model = load_model(model_spec)
+    dec = build("ar", model)
     rows = eval_prompts(n)
     images = []
     for i in range(0, len(rows), batch_size):
         batch = rows[i:i + batch_size]
-        res = run(spec, model, [r["prompt"] for r in batch], [r["seed"] for r in batch])
+        res = dec.decode([r["prompt"] for r in batch], [r["seed"] for r in batch])
         images.extend(model.decode_images(res.tokens).numpy())
     return images
 

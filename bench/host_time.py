@@ -67,7 +67,7 @@ class _Timed:
 
 def _heads(model, seed: int = 1):
     """Random non-identity latent heads saved as the model's default heads (SSD needs some)."""
-    from ssdgen.decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
+    from ssdgen.decoders.drafters import HeadsConfig, SpatialHeads, model_fingerprint
     torch.manual_seed(seed)
     heads = SpatialHeads(HeadsConfig(dim=model.hidden_dim, emb_dim=model.hidden_dim, n_codes=model.n_codes,
                                      grid=model.grid, model=model_fingerprint(model)))
@@ -80,16 +80,17 @@ def _heads(model, seed: int = 1):
 def measure(model, family: str, params: dict, batch: int, repeats: int, prompts: list[str] | None = None) -> dict:
     """The best of `repeats` decodes of one batch: host ms per forward, the host share of the model's step time
     (wall minus `step`, drafting's own model calls included, over `step`), and what they came from."""
-    from ssdgen.decoders import DecodeSpec, decode, heads_for
-    from ssdgen.decoders.configs import SamplingConfig
+    from ssdgen.decoders import DecodeSpec, build
+    from ssdgen.decoders.decoder import Decoder
+    from ssdgen.decoders.recipes import SamplingConfig
     sc = SamplingConfig(cfg_scale=3.0)
-    heads = heads_for(DecodeSpec.of(family, params, sc), model)  # loaded once: no row times a heads load
+    dec = build(DecodeSpec.of(family, params, sc), model)  # its heads loaded once: no row times a heads load
     best = None
     for r in range(repeats):
         timed = _Timed(model)
         t = time.perf_counter()
-        decode(family, timed, (prompts or [PROMPT] * batch)[:batch], list(range(r * batch, (r + 1) * batch)), sc,
-               params, heads)
+        Decoder(dec.spec, timed, dec.heads).decode((prompts or [PROMPT] * batch)[:batch],
+                                                   list(range(r * batch, (r + 1) * batch)))
         wall = time.perf_counter() - t
         row = {"wall_s": wall, "model_s": timed.inside, "step_s": timed.step_s, "forwards": timed.forwards,
                "host_ms_per_forward": 1e3 * (wall - timed.inside) / max(1, timed.forwards),

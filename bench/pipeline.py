@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 def run(n: int = 128, decoder: str = "ar", batch_size: int = 16, threads: int = 2, shard_size: int = 32,
         log=print) -> dict:
     import torch
-    from ssdgen.decoders import heads_for, resolve, run as run_spec
+    from ssdgen.decoders import build
     from ssdgen.decoders.spec import DecodeSpec
     from ssdgen.flows.inputs import derive_seed
     from ssdgen.flows.pipeline import RunSettings, generate
@@ -38,14 +38,14 @@ def run(n: int = 128, decoder: str = "ar", batch_size: int = 16, threads: int = 
 
     torch.set_num_threads(threads)
     model = load_model("reference")
-    spec, heads = DecodeSpec.parse(decoder), None
-    if spec.calibrated:  # resolved once, here, and both paths below decode by the same concrete spec
-        heads = heads_for(spec, model)
-        spec, _ = resolve(spec, model, [r["prompt"] for r in rows], seeds, batch_size, heads)
-        log(f"{decoder} resolves to {spec} at batch {batch_size}")
+    dec = build(DecodeSpec.parse(decoder), model)
+    if dec.spec.calibrated:  # resolved once, here, and both paths below decode by the same concrete spec
+        dec = dec.resolve([r["prompt"] for r in rows], seeds, batch_size)
+        log(f"{decoder} resolves to {dec} at batch {batch_size}")
+    spec = dec.spec
     t0 = time.perf_counter()
     for i in range(0, n, batch_size):
-        res = run_spec(spec, model, [r["prompt"] for r in rows[i:i + batch_size]], seeds[i:i + batch_size], heads)
+        res = dec.decode([r["prompt"] for r in rows[i:i + batch_size]], seeds[i:i + batch_size])
         model.decode_images(res.tokens)
     bare_s = time.perf_counter() - t0
     log(f"bare decoder loop: {n} images in {bare_s:.1f} s ({n / bare_s:.3f} img/s)")

@@ -31,7 +31,7 @@ PROMPTS = ["a large red circle at the center on a flat gray background",
 def run(sides=SIDES, n_prompts: int = 8, reference_bench: str | None = None, plot: str | None = None,
         log=print) -> dict:
     import torch
-    from ssdgen.decoders import run as run_spec
+    from ssdgen.decoders import build
     from ssdgen.decoders.spec import DecodeSpec
     from ssdgen.decoders.ssd_train import DistillConfig, train_heads
     from ssdgen.reference.tiny import tiny_model
@@ -49,7 +49,7 @@ def run(sides=SIDES, n_prompts: int = 8, reference_bench: str | None = None, plo
             heads.save(m.default_heads)
             for spec in specs:
                 torch.manual_seed(0)
-                res = run_spec(spec, m, prompts, list(range(len(prompts))))
+                res = build(spec, m).decode(prompts, list(range(len(prompts))))
                 f = float(np.mean([s.forwards for s in res.stats]))
                 rows.append({"side": n, "tokens": n * n, "decoder": spec.label, "forwards_per_image": f})
                 log(f"n={n:>2}  {spec.label:<40} {f:8.1f} forwards/image")

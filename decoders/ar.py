@@ -11,7 +11,7 @@ import torch
 from . import rng
 from .protocol import ImageTokenModel, StepOutput, check_request
 from .sampling import model_device, next_probs, sample_from
-from .configs import SamplingConfig
+from .recipes import SamplingConfig
 from .stats import DecodeResult, Tally
 from .verify import entropy
 

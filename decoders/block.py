@@ -34,21 +34,18 @@ import torch
 
 from . import rng
 from .ar import decode_ar, prefill
-from .configs import SSDConfig
-from .drafters import Drafter, HeadsDrafter
+from .recipes import BlockConfig, Relaxation, SamplingConfig
+from .drafters import Drafter, HeadsDrafter, SpatialHeads
 from .protocol import ImageTokenModel, check_request
 from .sampling import model_device, processed_probs, sample_from
-from .configs import SamplingConfig
-from .ssd_heads import SpatialHeads
 from .stats import DecodeResult, Tally
 from .sample_stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
 from .verify import entropy, verify_all
-from .configs import Relaxation
 
 BUDGET_FULL = "batch fills the token budget"  # why a budgeted batch decodes as plain AR (statistics)
 
 
-def budget_rows(cfg: SSDConfig, batch: int, W: int) -> int:
+def budget_rows(cfg: BlockConfig, batch: int, W: int) -> int:
     """Rows per sample that the batch's token budget allows (0: the batch alone fills the device)."""
     return cfg.token_budget // max(1, batch * W) if cfg.token_budget else cfg.max_rows
 
@@ -64,7 +61,7 @@ class AdaptivePolicy:
         calibrated config arrives here resolved (calibrate.resolve): its chosen cap as max_rows.
     The rows chosen are recorded per block in the statistics (block_sizes)."""
 
-    def __init__(self, cfg: SSDConfig, batch: int, W: int, device: torch.device | str = "cpu"):
+    def __init__(self, cfg: BlockConfig, batch: int, W: int, device: torch.device | str = "cpu"):
         """device: the model's (rows per sample sit with the decoder's other per-sample tensors)."""
         cap = cfg.max_rows if cfg.adaptive else cfg.rows
         if cfg.token_budget:
@@ -92,7 +89,7 @@ def _budget_full(model, prompts, seeds, sc) -> DecodeResult:
 
 @torch.no_grad()
 def decode_block(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
-                 cfg: SSDConfig, heads: SpatialHeads) -> DecodeResult:
+                 cfg: BlockConfig, heads: SpatialHeads) -> DecodeResult:
     """The block decoder (module doc; lossy) with `heads`, or plain AR when the token budget leaves no rows."""
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
     W = model.grid[1]
@@ -118,7 +115,7 @@ def decode_block(model: ImageTokenModel, prompts: list[str], seeds: list[int], s
     return DecodeResult(buf[:, :N].clone(), tally.stats(model.grid, (time.perf_counter() - t0) / B, fixed))
 
 
-def _blocks(model, sc: SamplingConfig, cfg: SSDConfig, streams: rng.Streams, drafter: Drafter,
+def _blocks(model, sc: SamplingConfig, cfg: BlockConfig, streams: rng.Streams, drafter: Drafter,
             policy: "AdaptivePolicy", buf: torch.Tensor, tally: Tally, N: int) -> None:
     """Draft, verify and commit blocks (module doc, steps 1-3) until every sample holds N tokens in buf."""
     B, W, dev = buf.shape[0], model.grid[1], buf.device

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .configs import Relaxation, branch_tokens
+from .recipes import Relaxation, branch_tokens
 from .protocol import StepOutput
 from .sampling import sample_from
 from .verify import Verdict, residual, verify, verify_candidates

@@ -1,15 +1,16 @@
-"""Decoding as a spec says: the family table (configs.FAMILIES) names the loop, and `run` calls it. A spec's
-every input is an argument (the spec, the model, the prompts and seeds, the heads): nothing is kept on the model
-object, so a sample's tokens follow from its seed and the spec's text."""
+"""Decoding as a spec says: its recipe (recipes.py) names the loop, and `run` calls it with the recipe's typed
+config. A spec's every input is an argument (the spec, the model, the prompts and seeds, the heads): nothing is
+kept on the model object, so a sample's tokens follow from its seed and the spec's text. Callers hold a
+`Decoder` (decoder.py), which calls `run`."""
 
 from __future__ import annotations
 
 from .ar import decode_ar
 from .block import decode_block
-from .configs import FAMILIES, SamplingConfig
+from .recipes import SamplingConfig
 from .protocol import ImageTokenModel
 from .spec import DecodeSpec
-from .ssd_heads import SpatialHeads
+from .drafters import SpatialHeads
 from .stats import DecodeResult
 from .window import decode_window
 
@@ -18,7 +19,7 @@ def _ar(model, prompts, seeds, sc, cfg, heads) -> DecodeResult:
     return decode_ar(model, prompts, seeds, sc)
 
 
-# a family's loop (configs.LOOPS) -> (model, prompts, seeds, sampling, typed config, heads) -> DecodeResult
+# a recipe's loop (recipes.LOOPS) -> (model, prompts, seeds, sampling, typed config, heads) -> DecodeResult
 LOOPS = {"ar": _ar, "window": decode_window, "block": decode_block}
 
 
@@ -32,8 +33,8 @@ def load_heads(model, path=None) -> SpatialHeads:
 
 
 def heads_for(spec: DecodeSpec, model) -> SpatialHeads | None:
-    """The heads a spec drafts with (its family's drafter is "heads"), loaded; None for any other spec."""
-    return load_heads(model, spec.heads) if FAMILIES[spec.family].drafter == "heads" else None
+    """The heads a spec drafts with (its recipe's drafter is "heads"), loaded; None for any other spec."""
+    return load_heads(model, spec.heads) if spec.recipe.drafter == "heads" else None
 
 
 def run(spec: DecodeSpec, model: ImageTokenModel, prompts: list[str], seeds: list[int],
@@ -44,10 +45,9 @@ def run(spec: DecodeSpec, model: ImageTokenModel, prompts: list[str], seeds: lis
     if spec.calibrated:
         raise ValueError(f"decoder spec {str(spec)!r} is calibrated (calibrated=true): resolve it first "
                          "(ssdgen.decoders.resolve) into the concrete spec the device chose, and run that")
-    fam, cfg = FAMILIES[spec.family], spec.config()
     if heads is None:
         heads = heads_for(spec, model)
-    return LOOPS[fam.loop_for(cfg)](model, prompts, seeds, spec.sampling, cfg, heads)
+    return LOOPS[spec.recipe.loop](model, prompts, seeds, spec.sampling, spec.config(), heads)
 
 
 def decode(name: str, model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,

@@ -18,7 +18,7 @@ import torch
 
 from .protocol import ImageTokenModel
 from .sampling import processed_probs
-from .configs import SamplingConfig
+from .recipes import SamplingConfig
 
 LOG_FLOOR = 1e-12  # a token outside the processed support costs -log(1e-12) = 27.6 nats, not infinity
 

@@ -4,8 +4,8 @@
     latency     the fastest single image: batch 1 (or the batch the user fixed), the fastest configuration
 
 What it chooses among. Plain AR always. For a calibrated spec (`calibrated=true`, ssd+csd's default) also the
-window loop with a window of 3, 4, 5, 6 or 8 tokens (`window=L`; a relaxed family at lam WINDOW_LAM unless the
-spec sets lam) and of 1 .. rows raster rows (`rows=r`, L = r * W + 1).
+window loop with a window of 3, 4, 5, 6 or 8 tokens (`window=L`; a relaxed family at recipes.SHORT_WINDOW_LAM
+unless the spec sets lam) and of 1 .. rows raster rows (`rows=r`, L = r * W + 1).
 An uncalibrated spec is decoded as it is; only its batch is chosen.
 
 How, in a few seconds (median of repeats, AR always timed):
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
-from .configs import CALIBRATION_PROMPTS, FAMILIES, OBJECTIVES, SSDConfig
+from .recipes import CALIBRATION_PROMPTS, OBJECTIVES, SHORT_WINDOW_LAM
 from .cost_curve import CostCurve, sync
 from .spec import DecodeSpec
 
@@ -57,7 +57,6 @@ HOST = 1.1  # a speculative forward's decoder work on top of the model's step, w
 OPTIMISM = 1.4
 BATCH_SLACK = 0.03  # a smaller batch within 3% of the best estimate is chosen instead
 AR = "ar"
-WINDOW_LAM = 1.0  # a relaxed family's lam in its short windows, unless the spec sets one (`candidates`)
 
 
 @dataclass(frozen=True)
@@ -117,24 +116,23 @@ class Plan:
 
 
 def candidates(spec: DecodeSpec, W: int) -> dict[str, tuple[DecodeSpec, int]]:
-    """{choice: (its concrete spec, tokens per forward L)}: plain AR, and a calibrated spec's windows and rows
-    (the block decoder, commit=block: its caps on rows per block, max_rows=r, L = r * W)."""
+    """{choice: (its concrete spec, tokens per forward L)}: plain AR, and what the spec's recipe lets the planner
+    tune (recipes.py `tunes`): windows of L tokens, windows of r rows, or the block decoder's caps on rows per
+    block (max_rows=r, L = r * W)."""
     if not spec.calibrated:  # decoded as it is: only its batch is chosen
         return {AR if spec.family == AR else "as-is": (spec, tokens_per_forward_fed(spec, W))}
-    cfg = spec.config()
+    cfg, tunes = spec.config(), spec.recipe.tunes
     out = {AR: (DecodeSpec("ar", (), spec.sampling), 1)}
-    if not cfg.prefix_engine:
+    if "max_rows" in tunes:
         for r in range(1, cfg.max_rows + 1):
             out[f"r{r}"] = (_concrete(spec, {"rows": min(cfg.rows, r), "max_rows": r}), r * W)
-        return out
-    # a short window is judged more often per token than a row's: at the default relaxation (lam 2) it drifts
-    # past the tolerance (+0.21 nats/token at window 4), at lam 1 it stays within (+0.08 [+0.06, +0.11] at window
-    # 5; `ssdgen fidelity`, docs/benchmarks.md). A lam the user set is kept.
-    tight = {"lam": WINDOW_LAM} if FAMILIES[spec.family].relaxed and "lam" not in dict(spec.params) else {}
-    for L in WINDOWS:
-        out[f"w{L}"] = (_concrete(spec, {"window": L} | tight), L)
-    for r in range(1, cfg.rows + 1):
-        out[f"r{r}"] = (_concrete(spec, {"rows": r, "window": 0}), min(64, r * W + 1))
+    if "window" in tunes:  # a relaxed recipe's short windows: SHORT_WINDOW_LAM (recipes.py), unless the user set lam
+        tight = {"lam": SHORT_WINDOW_LAM} if spec.recipe.relaxed and "lam" not in dict(spec.params) else {}
+        for L in WINDOWS:
+            out[f"w{L}"] = (_concrete(spec, {"window": L} | tight), L)
+    if "rows" in tunes:
+        for r in range(1, cfg.rows + 1):
+            out[f"r{r}"] = (_concrete(spec, {"rows": r, "window": 0}), min(64, r * W + 1))
     return out
 
 
@@ -147,11 +145,7 @@ def _concrete(spec: DecodeSpec, chosen: dict) -> DecodeSpec:
 def tokens_per_forward_fed(spec: DecodeSpec, W: int) -> int:
     """The tokens one forward feeds each sample under a concrete spec (1 for ar)."""
     cfg = spec.config()
-    if cfg is None:
-        return 1
-    if isinstance(cfg, SSDConfig):
-        return cfg.window or min(64, cfg.rows * W + 1)
-    return cfg.window
+    return 1 if cfg is None else cfg.tokens(W)
 
 
 @torch.no_grad()

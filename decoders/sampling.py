@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .configs import SamplingConfig
+from .recipes import SamplingConfig
 
 
 def cfg_mix(cond: torch.Tensor, uncond: torch.Tensor | None, scale: float) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """One typed decode spec: the decoder family, its own parameters, the sampling settings and the heads.
 
-Written as `family[:key=value]...`, e.g. `ssd+csd:rows=2:token_budget=0:cfg=3` or `csd:lam=1:coupled=true`.
+Written as `family[:key=value]...`, e.g. `ssd+csd:rows=2:calibrated=false:cfg=3` or `csd:lam=1:coupled=true`.
 Keys are the decoder's own parameters (see `decoders.decoder_config`), the sampling settings (`cfg`,
 `temperature`, `top_k`, `top_p`) and, for SSD, `heads=PATH`. A command parses the text once, at the edge,
 into a frozen `DecodeSpec`; that object (or its dict, across a process boundary) is what configs hold and
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .configs import DECODER_NAMES, SamplingConfig, decoder_config
+from .recipes import DECODER_NAMES, Recipe, SamplingConfig, decoder_config, recipe
 
 SAMPLING_KEYS = {"cfg": "cfg_scale", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p"}
 
@@ -96,6 +96,11 @@ class DecodeSpec:
         """The decoder's typed config (None for ar)."""
         return decoder_config(self.family, dict(self.params))
 
+    @property
+    def recipe(self) -> Recipe:
+        """What this spec's family is, as it configures it (recipes.py): its loop, drafter and acceptance."""
+        return recipe(self.family, dict(self.params))
+
     def to_dict(self) -> dict:
         return {"family": self.family, "params": dict(self.params), "sampling": dict(self.sampling.__dict__),
                 "heads": self.heads}
@@ -104,7 +109,8 @@ class DecodeSpec:
     def calibrated(self) -> bool:
         """Whether the device picks this spec's rows (`calibrated=true`): `calibrate.resolve` turns it into the
         concrete spec it decodes as, once per run, recorded, since the choice changes a lossy decoder's tokens."""
-        return bool(getattr(self.config(), "calibrated", False))
+        cfg = self.config()
+        return cfg is not None and cfg.calibrated
 
     @property
     def label(self) -> str:
@@ -123,7 +129,7 @@ def _check(family: str, params: dict, heads: str | None) -> None:
     the key, the expected type and the value."""
     if family not in DECODER_NAMES:
         raise ValueError(f"unknown decoder {family!r}; choose one of: {', '.join(DECODER_NAMES)}")
-    if heads is not None and not family.startswith("ssd"):
+    if heads is not None and recipe(family).drafter != "heads":
         raise ValueError(f"decoder {family!r} takes no heads (only ssd and ssd+csd do)")
     decoder_config(family, params)
 
@@ -136,9 +142,7 @@ def speculative_rows(spec: DecodeSpec) -> int:
     """How far a (resolved) spec speculates, as a calibration counts its choices: an SSD spec's rows per window
     (the block decoder: its cap, max_rows); 0 for plain ar. (Other families draft by window, not by rows: 0.)"""
     cfg = spec.config()
-    if not hasattr(cfg, "prefix_engine"):
-        return 0
-    return cfg.rows if cfg.prefix_engine else cfg.max_rows
+    return 0 if cfg is None else cfg.speculative_rows
 
 
 def common_sampling(specs: list[DecodeSpec]) -> SamplingConfig:

@@ -7,7 +7,7 @@
    that asks the drafted distribution to match the backbone's. Token heads (the ablation) train on the
    KL term alone.
 The backbone is never updated. It may be bf16 (a GPU checkpoint): its hidden states are kept in its dtype
-(half the memory), the heads and the losses are fp32 (ssd_heads.py).
+(half the memory), the heads and the losses are fp32 (drafters.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from tqdm import tqdm
 
 from .ar import decode_ar
 from .sampling import processed_probs
-from .configs import SamplingConfig
-from .ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
+from .recipes import SamplingConfig
+from .drafters import HeadsConfig, SpatialHeads, model_fingerprint
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .configs import Relaxation
+from .recipes import Relaxation
 from .sampling import sample_from
 
 

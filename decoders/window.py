@@ -7,7 +7,7 @@ One iteration, per sample b with n_b tokens committed (see docs/algorithms.md §
   4. commit; the target's own samples at the positions after the commit point (Jacobi updates) become
      the next drafts, with their q as draft distribution; the window is topped up with fresh drafts
      by a `Drafter` (drafters.py).
-The configurations (the family table, configs.FAMILIES: drafter x acceptance):
+The configurations (the recipe table, recipes.RECIPES: drafter x acceptance over one WindowConfig):
   sjd      cfg.init's guesses (random: a uniform token; repeat-left / repeat-above: the neighbour), one-hot p;
            the lossless rule
   csd      the same drafts; CSD's relaxation (verify.py), within tolerance of AR
@@ -37,61 +37,43 @@ import torch
 
 from . import rng
 from .ar import prefill
-from .configs import SJDConfig, SSDConfig
 from .branches import Branches
-from .drafters import Drafter, HeadsDrafter, guess_drafter
+from .recipes import SamplingConfig, WindowConfig
+from .drafters import DRAFTERS, Drafter
 from .protocol import ImageTokenModel, check_request
 from .sampling import gumbel_sample, model_device, processed_probs, sample_from
-from .configs import SamplingConfig
 from .stats import DecodeResult, Tally
 from .sample_stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
 from .verify import Verdict, entropy, verify, verify_all
 from .window_sizes import WindowSizes
 
 
-def ssd_window(cfg: SSDConfig, W: int) -> SJDConfig:
-    """An SSD config as this loop's settings: a window of `window` tokens, or of `rows` rows after the last
-    committed token (at most 64 tokens), coupled, with the config's acceptance."""
-    return SJDConfig(window=cfg.window or min(64, cfg.rows * W + 1), coupled=True, relax=cfg.relax,
-                     adaptive=cfg.adaptive, packed=cfg.packed, branches=cfg.branches, branch_len=cfg.branch_len,
-                     continuation=cfg.continuation)
-
-
-def _configure(model, sc: SamplingConfig, cfg, heads, batch: int) -> tuple[SJDConfig, Drafter, dict]:
-    """(the loop's settings, the drafter, what the statistics add) for an SJD / CSD or an SSD config."""
-    if not isinstance(cfg, SSDConfig):
-        return cfg, guess_drafter(cfg.init, model.grid, model.n_codes), {}
-    if heads is None:
-        raise ValueError("SSD drafts with its heads: pass heads (engine.load_heads)")
-    win = ssd_window(cfg, model.grid[1])
-    N = model.grid[0] * model.grid[1]
-    drafter = HeadsDrafter(model, heads, sc, cfg.two_d, batch, N + win.window + 2)
-    extra = {"rows": cfg.rows, "lossless": not cfg.relax.active, "commit": "prefix", "two_d": cfg.two_d}
-    return win, drafter, extra
-
-
 @torch.no_grad()
 def decode_window(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
-                  cfg: SJDConfig | SSDConfig = SJDConfig(), heads=None) -> DecodeResult:
-    """Decode by the window loop as `cfg` configures it (module doc); heads: SSD's, for an SSD config."""
+                  cfg: WindowConfig = WindowConfig(), heads=None) -> DecodeResult:
+    """Decode by the window loop as `cfg` configures it (module doc): a window of cfg.tokens(W) tokens, drafted
+    by cfg.drafter (drafters.DRAFTERS; heads: SSD's, for the heads drafter) and accepted by cfg.relax."""
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
     t0 = time.perf_counter()
     dev = model_device(model)  # every buffer and key below lives on it
     streams = rng.Streams(seeds, dev)
-    win, drafter, ssd_extra = _configure(model, sc, cfg, heads, len(prompts))
-    if win.branches > 1 and not getattr(model, "tree_attention", False):
-        raise ValueError(f"branches={win.branches} verifies its candidates by tree attention, which model "
+    N, L = model.grid[0] * model.grid[1], cfg.tokens(model.grid[1])
+    drafter = DRAFTERS[cfg.drafter](model, sc, cfg, heads, len(prompts), N + L + 2)
+    if cfg.branches > 1 and not getattr(model, "tree_attention", False):
+        raise ValueError(f"branches={cfg.branches} verifies its candidates by tree attention, which model "
                          f"{model.name!r} does not have (the reference model does): set branches=1")
-    jac = _Jacobi(model, sc, win, drafter, streams, dev)
+    jac = _Jacobi(model, sc, cfg, L, drafter, streams, dev)
     out, jac.buf[:, 0] = prefill(model, prompts, sc, streams, jac.tally)
     drafter.begin(out)
     jac.first_window()
     while (jac.n < jac.N).any():
         jac.forward()
-    extra = {"window": win.window, "init": drafter.name, "coupled": win.coupled, "lam": win.relax.lam,
-             "delta": win.relax.delta, "window_sizes": "adaptive" if win.adaptive else "fixed",
-             "packed": win.packed} | ({"branches": win.branches, "branch_len": jac.branches.D_max}
-                                      if jac.branches else {}) | ssd_extra
+    extra = {"window": L, "init": drafter.name, "coupled": cfg.coupled, "lam": cfg.relax.lam,
+             "delta": cfg.relax.delta, "window_sizes": "adaptive" if cfg.adaptive else "fixed",
+             "packed": cfg.packed} | ({"branches": cfg.branches, "branch_len": jac.branches.D_max}
+                                      if jac.branches else {})
+    if cfg.drafter == "heads":
+        extra |= {"rows": cfg.rows, "lossless": not cfg.relax.active, "commit": "prefix", "two_d": cfg.two_d}
     stats = jac.tally.stats(model.grid, (time.perf_counter() - t0) / len(prompts), extra)
     return DecodeResult(jac.buf[:, :jac.N].clone(), stats)
 
@@ -100,11 +82,11 @@ class _Jacobi:
     """The batch's state between forwards: committed tokens and current drafts, the drafts' distributions and
     each sample's committed count; `forward` runs one iteration of the module doc's steps 1-4."""
 
-    def __init__(self, model: ImageTokenModel, sc: SamplingConfig, cfg: SJDConfig, drafter: Drafter,
+    def __init__(self, model: ImageTokenModel, sc: SamplingConfig, cfg: WindowConfig, L: int, drafter: Drafter,
                  streams: rng.Streams, dev: torch.device):
         B, (H, W) = len(streams.key), model.grid
         self.model, self.sc, self.relax, self.drafter, self.streams = model, sc, cfg.relax, drafter, streams
-        self.N, self.K, self.V = H * W, cfg.window - 1, model.n_codes
+        self.N, self.K, self.V = H * W, L - 1, model.n_codes
         N, K = self.N, self.K
         self.rows = torch.arange(B, device=dev)
         self.slots = torch.arange(K + 1, device=dev)  # window slots 0 .. K
@@ -115,9 +97,9 @@ class _Jacobi:
         self.n = torch.ones(B, dtype=torch.long, device=dev)  # tokens committed per sample
         self.t = torch.zeros(B, dtype=torch.long, device=dev)  # forwards per sample: its uniforms' counter
         self.tally = Tally(B, N + K + 1, dev, hist_bins=K + 2, cfg=sc.uses_cfg)
-        self.sizes = WindowSizes(B, cfg.window, cfg.adaptive, dev)
+        self.sizes = WindowSizes(B, L, cfg.adaptive, dev)
         self.packed, self.continuation = cfg.packed, cfg.continuation
-        self.branches = Branches(cfg.branches, cfg.branch_len, cfg.window) if cfg.branches > 1 else None
+        self.branches = Branches(cfg.branches, cfg.branch_len, L) if cfg.branches > 1 else None
         if self.branches and not self.packed:
             raise ValueError("branches need the packed step (packed=true): their entries are laid out per sample")
         self.L = torch.zeros_like(self.n)  # [B] tokens each sample feeds next (first_window, then _advance)

@@ -4,7 +4,7 @@ A prompt is audited when a hash of its prompt_id falls below FRACTION (`is_audit
 the id alone, not on sharding, batch-mates or attempts, so a retried or resumed shard audits exactly the same
 prompts. For each audited prompt the actor (workers.decode_worker) scores the main decoder's tokens under the
 target (`decoders.fidelity.target_nll`) and decodes the prompt again with `ar` from an independent seed
-(seed + decoders.configs.REFERENCE_SEED_OFFSET, the seeds `ssdgen fidelity` gives its AR reference set) and
+(seed + decoders.recipes.REFERENCE_SEED_OFFSET, the seeds `ssdgen fidelity` gives its AR reference set) and
 scores those. The rows go to `{attempt}/audit.parquet`, listed in the shard's commit marker like its images
 and stats, so they are committed exactly once with the shard; a resume skips committed shards and so never
 audits a prompt twice.
@@ -24,7 +24,7 @@ import hashlib
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ssdgen.decoders.configs import REFERENCE_SEED_OFFSET
+from ssdgen.decoders.recipes import REFERENCE_SEED_OFFSET
 
 from .cost import Price, shard_cost
 

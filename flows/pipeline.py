@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime, timezone
 
-from ssdgen.decoders.configs import CALIBRATION_PROMPTS
+from ssdgen.decoders.recipes import CALIBRATION_PROMPTS
 from ssdgen.decoders.spec import DecodeSpec
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from ssdgen.workers.settings import WorkerSettings, option as _option
 
-from ssdgen.decoders.configs import OBJECTIVES
+from ssdgen.decoders.recipes import OBJECTIVES
 
 from .audit import DEFAULT_TOLERANCE, check_audit
 from .cost import Price, price_from

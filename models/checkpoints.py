@@ -8,7 +8,7 @@ directory listing, nothing is opened or loaded. What is checked is what the load
   vq.safetensors and gpt.safetensors (checksums are verified where it loads);
 - `janus:`, `emu3:`, `chameleon:` (models/hf.py): a folder with config.json and .safetensors weights (pickled
   weights alone are refused, as `check_safetensors` does where it loads);
-- SSD heads (decoders/ssd_heads.py `SpatialHeads.load`): PATH.json and PATH.safetensors.
+- SSD heads (decoders/drafters.py `SpatialHeads.load`): PATH.json and PATH.safetensors.
 The loaders open local paths only (`Path(path)`), so a URL is refused with the fix, and models/ reads no storage
 (tests/test_layering.py).
 """

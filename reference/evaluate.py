@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ssdgen.decoders import heads_for, resolve, run
-from ssdgen.decoders.configs import CALIBRATION_PROMPTS
+from ssdgen.decoders import build
+from ssdgen.decoders.decoder import Decoder
+from ssdgen.decoders.recipes import CALIBRATION_PROMPTS
 from ssdgen.decoders.spec import DecodeSpec
 
 from . import captions as cap
@@ -39,14 +40,16 @@ def real_images(prompts: list[str], seeds: list[int]) -> np.ndarray:
     return np.stack([render(real_scene(p, s)) for p, s in zip(prompts, seeds)])
 
 
-def generate(model, prompts: list[str], seeds: list[int], spec: DecodeSpec, batch_size: int, desc: str = "decode"):
-    """Decode prompts in batches -> (uint8 images [N, 64, 64, 3], per-sample stats, seconds)."""
+def generate(model, prompts: list[str], seeds: list[int], dec: Decoder | DecodeSpec, batch_size: int,
+             desc: str = "decode"):
+    """Decode prompts in batches with a decoder (or a concrete spec, built here) -> (uint8 images [N, 64, 64, 3],
+    per-sample stats, seconds)."""
     images, stats = [], []
-    heads = heads_for(spec, model)  # loaded once for every batch
+    dec = dec if isinstance(dec, Decoder) else build(dec, model)  # its heads loaded once for every batch
     t0 = time.perf_counter()
     with tqdm(total=len(prompts), desc=desc, unit="img") as bar:
         for i in range(0, len(prompts), batch_size):
-            res = run(spec, model, prompts[i:i + batch_size], seeds[i:i + batch_size], heads)
+            res = dec.decode(prompts[i:i + batch_size], seeds[i:i + batch_size])
             images.append(model.decode_images(res.tokens).numpy())
             stats.extend(res.stats)
             bar.update(len(res.stats))
@@ -58,8 +61,8 @@ def evaluate(model, spec: DecodeSpec = DecodeSpec(), n: int = 1024, batch_size: 
     prompts = [r["prompt"] for r in rows]
     seeds = [seed * 1_000_003 + r["seed"] for r in rows]
     k = max(batch_size, CALIBRATION_PROMPTS)  # a calibrated spec resolves as a run resolves it, on its first prompts
-    resolved, measured = resolve(spec, model, prompts[:k], seeds[:k], batch_size)
-    images, stats, seconds = generate(model, prompts, seeds, resolved, batch_size)
+    dec = build(spec, model).resolve(prompts[:k], seeds[:k], batch_size)
+    images, stats, seconds = generate(model, prompts, seeds, dec, batch_size)
     net = load_scorer()
     report = score(net, images, prompts)
     real = real_images(prompts, [r["seed"] for r in rows])
@@ -72,7 +75,7 @@ def evaluate(model, spec: DecodeSpec = DecodeSpec(), n: int = 1024, batch_size: 
     fd_tokenizer = frechet_distance(predict(net, recon)["features"], f_real)
     return {
         "model": model.name, "decoder": spec.label, "spec": str(spec), "params": dict(spec.params), "n": len(prompts),
-        "resolved": str(resolved), "measurements": None if measured is None else measured.to_dict(),
+        "resolved": str(dec), "measurements": None if dec.plan is None else dec.plan.to_dict(),
         "batch_size": batch_size, "seed": seed, "sampling": spec.sampling.__dict__,
         "scene_accuracy": report["scene_accuracy"], "object_accuracy": report["object_accuracy"],
         "fd": fd, "fd_real_heldout": fd_floor, "fd_tokenizer_floor": fd_tokenizer,

@@ -25,7 +25,7 @@ def test_selection_is_deterministic_and_takes_about_the_fraction():
 
 
 def test_mark_rows_skips_bad_rows_and_gives_the_reference_seed():
-    from ssdgen.decoders.configs import REFERENCE_SEED_OFFSET
+    from ssdgen.decoders.recipes import REFERENCE_SEED_OFFSET
     rows = [{"prompt_id": f"p{i}", "seed": i, "error": None} for i in range(50)]
     rows.append({"prompt_id": "bad", "seed": 1, "error": "prompt is null"})
     assert mark_rows(rows, 1.0) == 50 and "audit_seed" not in rows[-1]

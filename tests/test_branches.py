@@ -180,7 +180,7 @@ def test_the_bench_counts_a_branched_decoders_entries(tiny):
 
 
 def test_branch_len_0_fits_the_branches_into_one_forward(tiny):
-    from ssdgen.decoders.configs import MAX_ENTRIES, branch_tokens
+    from ssdgen.decoders.recipes import MAX_ENTRIES, branch_tokens
     assert branch_tokens(4, 0, 33) == 32  # the window's drafts, where they fit
     assert 33 + 7 * branch_tokens(8, 0, 33) <= MAX_ENTRIES  # shorter where they do not
     with pytest.raises(ValueError, match="192"):  # SSD's window depends on the grid: checked at the widest

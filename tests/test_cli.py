@@ -33,7 +33,8 @@ def run(*args, timeout=300):
     (["sample", "--prompt", GOOD, "--decoder", "sjd:lam=1"], "has no parameter(s) ['lam']"),
     (["generate", "--prompts", "x.parquet", "--decoder", "ssd+csd:commit=block:token_budget=64"],
      "calibrated and token_budget"),
-    (["generate", "--prompts", "x.parquet", "--decoder", "ssd+csd:token_budget=64"], "token_budget is not supported"),
+    (["generate", "--prompts", "x.parquet", "--decoder", "ssd+csd:token_budget=64"],
+     "token_budget belong(s) to the block decoder"),
     (["bench", "--decoders", "ar:cfg=2,csd"], "must share their sampling"),
     (["sample", "--prompt", GOOD, "--model", "reference:/nonexistent"], "not a model bundle"),
     (["eval", "--n", "0"], "--n must be in 1..1024"),
@@ -164,7 +165,7 @@ def test_serve_takes_every_setting_generate_takes_and_checks_them_first():
 
 
 def test_decoders_lists_every_family_with_its_parameters_and_defaults():
-    from ssdgen.decoders.configs import FAMILIES
+    from ssdgen.decoders.recipes import RECIPES as FAMILIES
     r = CliRunner().invoke(app, ["decoders"])
     assert r.exit_code == 0, r.output
     blocks, name = {}, None
@@ -176,6 +177,7 @@ def test_decoders_lists_every_family_with_its_parameters_and_defaults():
     assert set(blocks) == set(FAMILIES)
     for fam, info in FAMILIES.items():
         assert all(f" {p}=" in blocks[fam] for p in info.params), fam
+        assert not info.relaxed or " lam=" in blocks[fam]
     # the families' own defaults, not the engine's: csd's coupled 33-token window, ssd+csd calibrated
     assert " window=33 " in blocks["csd"] and " lam=2.0 " in blocks["csd"] and " window=16 " in blocks["sjd"]
     assert " calibrated=true " in blocks["ssd+csd"] and " calibrated=false " in blocks["ssd"]

@@ -6,7 +6,7 @@ import pytest
 from ssdgen.decoders import decode
 from ssdgen.decoders.cost_curve import CostCurve
 from ssdgen.decoders.planner import measure_profile
-from ssdgen.decoders.configs import SamplingConfig
+from ssdgen.decoders.recipes import SamplingConfig
 from tiny import tiny_model
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)

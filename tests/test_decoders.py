@@ -17,10 +17,9 @@ from scipy.stats import chi2_contingency
 import ssdgen.decoders.window as window_mod
 from ssdgen.decoders import decode, decoder_config
 from ssdgen.decoders.sampling import sample_from
-from ssdgen.decoders.configs import SamplingConfig
+from ssdgen.decoders.recipes import Relaxation, SamplingConfig
 from ssdgen.decoders.sample_stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
 from ssdgen.decoders.verify import verify
-from ssdgen.decoders.configs import Relaxation
 from tiny import tiny_model
 
 PROMPTS = ["a large red circle at the center on a flat gray background",

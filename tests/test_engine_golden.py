@@ -36,7 +36,7 @@ GOLDEN = Path(__file__).parent / "data" / "engine_golden.json"
 # 1e-7 apart across kernels at worst. 1e-5 leaves a wide margin, while anything that changes what is summed (a
 # token, a distribution, the entropy floor on a real probability) moves it far more. abs: exact zeros.
 REL_TOL, ABS_TOL = 1e-5, 1e-9
-# The csd and ssd+csd defaults changed after recording (decoders/configs.py); the old ones are spelled out
+# The csd and ssd+csd defaults changed after recording (decoders/recipes.py); the old ones are spelled out
 OLD_CSD = {"lam": 2.0, "delta": 0.9, "coupled": False}
 OLD_SSD_CSD = {"lam": 2.0, "delta": 0.9, "commit": "block", "adaptive": True, "max_rows": 4}
 # ssd's default commit changed after recording, from the block decoder to the prefix engine: a recorded run that
@@ -57,7 +57,7 @@ RUNS = [("ar", {}), ("sjd", {"window": 6}), ("sjd", {"window": 6, "coupled": Tru
 
 
 def _sampling_configs():
-    from ssdgen.decoders.configs import SamplingConfig
+    from ssdgen.decoders.recipes import SamplingConfig
     return (("cfg3", SamplingConfig(cfg_scale=3.0)),
             ("filtered", SamplingConfig(cfg_scale=2.0, temperature=0.9, top_k=5, top_p=0.9)))
 

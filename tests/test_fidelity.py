@@ -9,7 +9,7 @@ import torch
 from ssdgen.decoders import decode
 from ssdgen.decoders.fidelity import bootstrap_ci, paired_gap, ratio_gap, target_nll
 from ssdgen.decoders.sampling import processed_probs
-from ssdgen.decoders.configs import SamplingConfig
+from ssdgen.decoders.recipes import SamplingConfig
 from ssdgen.decoders.spec import DecodeSpec
 from ssdgen.bench.fidelity import fidelity
 from tiny import tiny_model

@@ -12,7 +12,7 @@ import torch  # noqa: E402
 from ssdgen.decoders import decode  # noqa: E402
 from ssdgen.models.hf import (ChameleonAdapter, Emu3Adapter, HashPromptEncoder, JanusAdapter,  # noqa: E402
                                   load_model)
-from ssdgen.decoders.configs import SamplingConfig  # noqa: E402
+from ssdgen.decoders.recipes import SamplingConfig  # noqa: E402
 
 
 

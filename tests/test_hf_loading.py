@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 import ssdgen.models.hf as hf  # noqa: E402
 from ssdgen.decoders import decode  # noqa: E402
-from ssdgen.decoders.configs import SamplingConfig  # noqa: E402
+from ssdgen.decoders.recipes import SamplingConfig  # noqa: E402
 from test_hf_adapters import PROMPTS, WORDS, tiny_janus  # noqa: E402
 
 

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ssdgen.flows.inputs import InputError, list_inputs, with_identities
-from ssdgen.flows.plan import plan_shards, read_shard
+from ssdgen.flows.plan import ShardPlan, read_shard
 
 ODD = "br[1] a#b%20c é"  # brackets (a glob's character class), a space, '#', '%' and unicode
 TWIN = "br1 a#b%20c é"   # what `br[1]` matches as a glob
@@ -37,7 +37,8 @@ def texts(tag: str, n: int = 40) -> list[str]:
 def test_a_local_file_rewritten_in_place_fails_the_next_read_with_one_line_naming_it(tmp_path):
     p = write(tmp_path / "p.parquet", {"prompt": texts("old")}, row_group_size=10)
     files = pinned(p)
-    shards = plan_shards(files, 10)
+    plan = ShardPlan(files, 10)
+    shards = [plan[i] for i in range(len(plan))]
     assert [r.prompt for r in read_shard(files, shards[0], 0)] == texts("old")[:10]
     st = os.stat(p)
     write(p, {"prompt": texts("new")}, row_group_size=10)  # same size, same row groups
@@ -58,11 +59,11 @@ def test_a_file_changed_under_an_open_cursor_gives_no_row_of_the_new_text(tmp_pa
     p = write(tmp_path / "p.parquet", {"prompt": texts("old")})  # one row group of 40
     files = pinned(p)
     reader = RowReader()
-    first = read_shard(files, plan_shards(files, 10)[0], 0, reader=reader)
+    first = read_shard(files, ShardPlan(files, 10)[0], 0, reader=reader)
     assert [r.prompt for r in first] == texts("old")[:10]
     write(p, {"prompt": texts("new")})
     with pytest.raises(InputError, match="the file changed since the run started"):
-        read_shard(files, plan_shards(files, 10)[1], 0, reader=reader)
+        read_shard(files, ShardPlan(files, 10)[1], 0, reader=reader)
     reader.close()
 
 
@@ -73,7 +74,8 @@ def test_shards_read_out_of_order_by_threads_decode_a_row_group_about_once(tmp_p
     p = write(tmp_path / "p.parquet", {"prompt": texts("a", 600), "prompt_id": [f"id{i}" for i in range(600)]},
               row_group_size=300)
     files = pinned(p)
-    shards = plan_shards(files, 7)  # shards span batches and the row-group boundary
+    plan = ShardPlan(files, 7)  # shards span batches and the row-group boundary
+    shards = [plan[i] for i in range(len(plan))]
     opened = []
     orig = pq.ParquetFile.iter_batches
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", lambda self, **kw: opened.append(kw["row_groups"]) or

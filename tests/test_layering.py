@@ -141,3 +141,34 @@ def test_the_rule_checkers_see_violations():
         p.unlink()
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+CONFIGS = {"WindowConfig", "BlockConfig"}  # decoders/recipes.py: one config per loop
+
+
+def config_dispatch(path: Path) -> list[str]:
+    """Lines of a module that branch on a loop's config class: isinstance(..., XConfig) or `is XConfig`."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            named = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+            if named & CONFIGS:
+                out.append(f"{path.name}:{node.lineno}")
+        elif isinstance(node, ast.Compare) and any(isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops):
+            if {n.id for c in node.comparators for n in ast.walk(c) if isinstance(n, ast.Name)} & CONFIGS:
+                out.append(f"{path.name}:{node.lineno}")
+    return out
+
+
+def test_only_the_recipe_table_says_which_config_a_decoder_has():
+    """What a decoder is has one home, decoders/recipes.py (#35): no other module of the decoders dispatches on
+    a config class; they read the recipe (its loop, drafter, acceptance, tunes) or the config's own fields."""
+    bad = [hit for p in sources("decoders") if p.name != "recipes.py" for hit in config_dispatch(p)]
+    assert not bad, bad
+    probe = ROOT / "decoders" / "_dispatch_probe.py"
+    try:
+        probe.write_text("def f(cfg, WindowConfig, BlockConfig):\n    return isinstance(cfg, (WindowConfig, int))"
+                         " or type(cfg) is BlockConfig\n")
+        assert len(config_dispatch(probe)) == 2  # the checker sees both kinds
+    finally:
+        probe.unlink()

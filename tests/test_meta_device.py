@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from ssdgen.decoders import decode, load_heads  # noqa: E402
 from ssdgen.decoders.fidelity import target_nll  # noqa: E402
-from ssdgen.decoders.configs import SamplingConfig  # noqa: E402
+from ssdgen.decoders.recipes import SamplingConfig  # noqa: E402
 from ssdgen.decoders.ssd_train import DistillConfig, draft_acceptance, train_heads  # noqa: E402
 from test_decoders import PROMPTS  # noqa: E402
 from tiny import tiny_with_heads  # noqa: E402
@@ -149,7 +149,7 @@ def test_adapters_create_nothing_off_the_model_device(adapter, name, params):
 def test_adapters_ssd_creates_nothing_off_the_model_device(adapter):
     """SSD through an adapter, with random heads (the adapters have no default heads)."""
     from test_hf_adapters import PROMPTS as HF_PROMPTS
-    from ssdgen.decoders.ssd_heads import HeadsConfig, SpatialHeads
+    from ssdgen.decoders.drafters import HeadsConfig, SpatialHeads
     torch.manual_seed(1)
     heads = SpatialHeads(HeadsConfig(dim=adapter.hidden_dim, emb_dim=adapter.hidden_dim, n_codes=adapter.n_codes,
                                      grid=adapter.grid, model=adapter.name)).eval()

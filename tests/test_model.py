@@ -6,7 +6,7 @@ import torch
 
 from ssdgen.decoders import rng
 from ssdgen.decoders.sampling import cfg_mix, processed_probs, sample_from
-from ssdgen.decoders.configs import SamplingConfig
+from ssdgen.decoders.recipes import SamplingConfig
 from ssdgen.reference.gpt import GPT, GPTConfig
 
 TINY = GPTConfig(dim=64, n_layers=2, n_heads=4, mlp_hidden=96, caption_len=6, grid=4, n_caption_words=8)

@@ -11,7 +11,7 @@ import torch
 from ssdgen.decoders import DecodeSpec, Plan, decode, resolve, run
 from ssdgen.decoders.cost_curve import CostCurve
 from ssdgen.decoders.planner import AR, Profile, acceptance, candidates, decide
-from ssdgen.decoders.configs import SamplingConfig
+from ssdgen.decoders.recipes import SamplingConfig
 from tiny import tiny_with_heads
 
 PROMPTS = ["a large red circle at the center on a flat gray background",

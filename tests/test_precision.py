@@ -12,7 +12,7 @@ import torch  # noqa: E402
 
 from ssdgen.decoders import decode  # noqa: E402
 from ssdgen.decoders.sampling import processed_probs  # noqa: E402
-from ssdgen.decoders.configs import SamplingConfig
+from ssdgen.decoders.recipes import SamplingConfig
 from ssdgen.decoders.ssd_train import DistillConfig, draft_acceptance, train_heads  # noqa: E402
 from ssdgen.models.registry import load_model, resolve_dtype  # noqa: E402
 from test_decoders import PROMPTS  # noqa: E402

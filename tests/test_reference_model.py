@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ssdgen.decoders import decode
-from ssdgen.decoders.configs import SamplingConfig
+from ssdgen.decoders.recipes import SamplingConfig
 from ssdgen.reference.prompts import eval_prompts
 
 pytestmark = pytest.mark.slow

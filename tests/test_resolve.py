@@ -12,7 +12,7 @@ import torch
 
 from ssdgen.decoders import DecodeSpec, resolve, run
 from ssdgen.decoders.cost_curve import CostCurve
-from ssdgen.decoders.configs import SamplingConfig
+from ssdgen.decoders.recipes import SamplingConfig
 from tiny import tiny_with_heads
 
 PROMPTS = ["a large red circle at the center on a flat gray background",

@@ -5,34 +5,39 @@ from dataclasses import fields
 
 import pytest
 
-from ssdgen.decoders import FAMILIES, run
-from ssdgen.decoders.configs import SamplingConfig
+from ssdgen.decoders import run
+from ssdgen.decoders.recipes import BLOCK_RECIPES, RECIPES, Relaxation, SamplingConfig, recipe
 from ssdgen.decoders.spec import DecodeSpec, common_sampling
 
 
 def test_parse_canonical_text_and_round_trips():
-    s = DecodeSpec.parse("ssd+csd:token_budget=0:rows=2:calibrated=false:cfg=2:top_k=50")
-    assert s.family == "ssd+csd" and dict(s.params) == {"calibrated": False, "rows": 2, "token_budget": 0}
+    s = DecodeSpec.parse("ssd+csd:two_d=true:rows=2:calibrated=false:cfg=2:top_k=50")
+    assert s.family == "ssd+csd" and dict(s.params) == {"calibrated": False, "rows": 2, "two_d": True}
     assert s.sampling == SamplingConfig(cfg_scale=2.0, top_k=50)
-    assert str(s) == "ssd+csd:calibrated=false:rows=2:token_budget=0:cfg=2.0:temperature=1.0:top_k=50:top_p=1.0"
+    assert str(s) == "ssd+csd:calibrated=false:rows=2:two_d=true:cfg=2.0:temperature=1.0:top_k=50:top_p=1.0"
     assert DecodeSpec.parse(str(s)) == s == DecodeSpec.from_dict(s.to_dict())
-    assert s.label == "ssd+csd:calibrated=false:rows=2:token_budget=0"
+    assert s.label == "ssd+csd:calibrated=false:rows=2:two_d=true"
     cfg = s.config()  # the family's defaults fill in the rest
     assert cfg.rows == 2 and cfg.commit == "prefix" and not cfg.adaptive and cfg.relax.lam == 2.0
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_every_parameter_of_every_family_is_reachable(family):
-    cfg = DecodeSpec(family).config()
+# every recipe, by the parameters that select it: each family, and ssd / ssd+csd with commit=block
+SELECTS = [(f, {}) for f in RECIPES] + [(f, {"commit": "block"}) for f in BLOCK_RECIPES]
+
+
+@pytest.mark.parametrize("family, given", SELECTS)
+def test_every_parameter_of_every_recipe_is_reachable(family, given):
+    """Each parameter a recipe takes is a field of its config, and every field of a config is some recipe's
+    parameter, except the drafter (the recipe's own choice); the relaxation only where the recipe relaxes."""
+    r = recipe(family, given)
+    cfg = DecodeSpec.of(family, given).config()
     if cfg is None:
         return
-    for f in fields(cfg):
-        if f.name == "relax":
-            for r in fields(cfg.relax):
-                if FAMILIES[family].relaxed:
-                    assert r.name in FAMILIES[family].params
-            continue
-        assert f.name in FAMILIES[family].params, (family, f.name)
+    names = {f.name for f in fields(cfg)}
+    assert r.params <= names and cfg.drafter == r.drafter
+    assert r.relaxed or not cfg.relax.active
+    same_loop = [q for q in [*RECIPES.values(), *BLOCK_RECIPES.values()] if q.config is r.config]
+    assert names - {"relax", "drafter"} <= set().union(*(q.params for q in same_loop)), (family, given)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -47,10 +52,15 @@ def test_bad_specs_name_the_problem(text, message):
 
 def _field_kinds(family: str) -> dict[str, str]:
     """Each parameter of a family -> its config field's declared type name."""
-    from ssdgen.decoders.configs import Relaxation, SJDConfig
-    cls = FAMILIES[family].config or SJDConfig
-    kinds = {f.name: str(f.type) for c in (cls, Relaxation) for f in fields(c)}
-    return {k: kinds[k] for k in FAMILIES[family].params}
+    from ssdgen.decoders.recipes import Relaxation, WindowConfig
+    r = RECIPES[family]
+    kinds = {f.name: str(f.type) for c in (r.config or WindowConfig, Relaxation) for f in fields(c)}
+    return {k: kinds[k] for k in _params(family)}
+
+
+def _params(family: str) -> list[str]:
+    r = RECIPES[family]
+    return sorted(r.params | ({f.name for f in fields(Relaxation)} if r.relaxed else set()))
 
 
 # a value of the wrong kind for each declared type, as the user types it, and what the message must say
@@ -58,7 +68,7 @@ WRONG = {"bool": ("yes", "must be true or false", "'yes'"), "int": ("2.5", "must
          "float": ("abc", "must be a number", "'abc'"), "str": ("bogus", "must be one of", "'bogus'")}
 
 
-@pytest.mark.parametrize("family, key", [(f, k) for f in FAMILIES for k in sorted(FAMILIES[f].params)])
+@pytest.mark.parametrize("family, key", [(f, k) for f in RECIPES for k in _params(f)])
 def test_every_parameter_checks_its_type(family, key):
     kind = _field_kinds(family)[key]
     value, says, shown = WRONG[kind]
@@ -83,12 +93,12 @@ def test_wrong_kinds_are_one_line_naming_spec_key_type_and_value(text, message):
 
 
 def test_python_callers_and_typed_configs_get_the_same_checks():
-    from ssdgen.decoders.configs import Relaxation, SJDConfig, SSDConfig
+    from ssdgen.decoders.recipes import BlockConfig, WindowConfig
     with pytest.raises(ValueError, match=r"decoder spec 'csd:lam=abc': lam must be a number, got 'abc'"):
         DecodeSpec.of("csd", {"lam": "abc"})
     for make, message in [(lambda: Relaxation(lam="abc"), "lam must be a number"),
-                          (lambda: SJDConfig(coupled="yes"), "coupled must be true or false"),
-                          (lambda: SSDConfig(max_rows=2.5), "max_rows must be an integer"),
+                          (lambda: WindowConfig(coupled="yes"), "coupled must be true or false"),
+                          (lambda: BlockConfig(max_rows=2.5), "max_rows must be an integer"),
                           (lambda: SamplingConfig(temperature="hot"), "temperature must be a number")]:
         with pytest.raises(ValueError, match=message):  # a ValueError, never TypeError from a range check
             make()

@@ -7,7 +7,7 @@ import torch
 from ssdgen.decoders import decode, decoder_config
 from ssdgen.decoders.sample_stats import COMMIT_BONUS
 from ssdgen.decoders.block import BUDGET_FULL
-from ssdgen.decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
+from ssdgen.decoders.drafters import HeadsConfig, SpatialHeads, model_fingerprint
 from ssdgen.decoders.ssd_train import DistillConfig, train_heads
 from test_decoders import GREEDY, POSITIONS, PROMPTS, SAMPLED, _same_distribution
 from tiny import tiny_with_heads
@@ -19,8 +19,8 @@ def tiny(tmp_path_factory):
 
 
 @pytest.mark.parametrize("params", [
-    {}, {"rows": 1}, {"lossless": True, "rows": 1, "rounds": 0}, {"lossless": True, "rows": 2, "rounds": 2},
-    {"lossless": True, "rows": 3, "rounds": 1, "two_d": False}, {"lossless": True, "window": 2},
+    {}, {"rows": 1}, {"lossless": True, "rows": 1}, {"lossless": True, "rows": 2},
+    {"lossless": True, "rows": 3, "two_d": False}, {"lossless": True, "window": 2},
     {"lossless": True, "window": 5}, {"lossless": True, "window": 5, "packed": False},
     {"lossless": True, "window": 8, "adaptive": True},
 ])
@@ -36,7 +36,7 @@ def test_lossless_ssd_greedy_equals_ar(tiny, params, batch):
 def test_lossless_ssd_samples_the_ar_distribution(tiny):
     from test_decoders import _sample as sample_
     ar = sample_(tiny, "ar", {}, offset=0)
-    ssd = sample_(tiny, "ssd", {"lossless": True, "rows": 2, "rounds": 1}, offset=2_000_000)
+    ssd = sample_(tiny, "ssd", {"lossless": True, "rows": 2}, offset=2_000_000)
     assert _same_distribution(ar, ssd) > 0.001 / len(POSITIONS)
 
 
@@ -204,15 +204,18 @@ def test_rollout_training_learns_from_chained_drafts(tiny):
 
 
 def test_bare_ssd_runs_the_window_loop_and_the_block_decoder_must_be_named():
-    """The family table: ssd is the window loop with the heads' drafts and the exact rule (within the fidelity
-    tolerance by construction); the lossy block decoder only with commit=block."""
-    from ssdgen.decoders.configs import FAMILIES
-    ssd = FAMILIES["ssd"]
+    """The recipe table: ssd is the window loop with the heads' drafts and the exact rule (within the fidelity
+    tolerance by construction); the lossy block decoder only with commit=block, and never as lossless."""
+    from ssdgen.decoders.recipes import BlockConfig, WindowConfig
+    from ssdgen.decoders.recipes import RECIPES, recipe
+    ssd = RECIPES["ssd"]
     assert (ssd.loop, ssd.drafter, ssd.acceptance) == ("window", "heads", "exact")
-    assert ssd.loop_for(decoder_config("ssd")) == "window"
-    assert ssd.loop_for(decoder_config("ssd", {"commit": "block"})) == "block"
-    assert ssd.loop_for(decoder_config("ssd", {"commit": "block", "lossless": True})) == "window"
-    assert {f: (FAMILIES[f].loop, FAMILIES[f].drafter, FAMILIES[f].acceptance) for f in ("sjd", "csd", "ssd+csd")} \
+    assert recipe("ssd").loop == "window" and isinstance(decoder_config("ssd"), WindowConfig)
+    assert recipe("ssd", {"commit": "block"}).loop == "block"
+    assert isinstance(decoder_config("ssd", {"commit": "block"}), BlockConfig)
+    with pytest.raises(ValueError, match="lossy: ssd:lossless=true .without commit=block. is the lossless"):
+        decoder_config("ssd", {"commit": "block", "lossless": True})
+    assert {f: (RECIPES[f].loop, RECIPES[f].drafter, RECIPES[f].acceptance) for f in ("sjd", "csd", "ssd+csd")} \
         == {"sjd": ("window", "guess", "exact"), "csd": ("window", "guess", "relaxed"),
             "ssd+csd": ("window", "heads", "relaxed")}
     assert "lossy" in ssd.describe()

@@ -8,7 +8,7 @@ import pytest
 
 from ssdgen.decoders import decode
 from ssdgen.decoders.sample_stats import stat_columns
-from ssdgen.decoders.configs import SamplingConfig
+from ssdgen.decoders.recipes import SamplingConfig
 from test_decoders import PROMPTS
 from tiny import tiny_with_heads
 

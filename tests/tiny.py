@@ -7,9 +7,9 @@ def tiny_with_heads(path, seed: int = 1, dtype=None):
     """A tiny model (scale 0.2) with random non-identity SSD heads saved as its default heads, so drafts
     differ from the model's own predictions. dtype: the transformer's precision (fp32 when None); float64 is
     for tests whose expected values must not depend on the CPU's fp32 kernels (test_engine_golden.py). The
-    heads stay fp32 whatever it is, as in production (decoders/ssd_heads.py)."""
+    heads stay fp32 whatever it is, as in production (decoders/drafters.py)."""
     import torch
-    from ssdgen.decoders.ssd_heads import HeadsConfig, SpatialHeads, model_fingerprint
+    from ssdgen.decoders.drafters import HeadsConfig, SpatialHeads, model_fingerprint
     from ssdgen.reference.model import ReferenceModel
     m = tiny_model(path, scale=0.2)
     torch.manual_seed(seed)

@@ -94,16 +94,15 @@ class DecodeWorker:
                 self.device = "cuda"  # Ray sets CUDA_VISIBLE_DEVICES to the GPUs it assigned this actor
         except ImportError:
             pass
-        from ssdgen.decoders import heads_for
-        from ssdgen.decoders.spec import DecodeSpec
+        from ssdgen.decoders.decoder import Decoder, build
         from ssdgen.models.registry import load_model
-        self.decoding = self.spec.decoder  # parsed and checked once, by the settings
         self.model = load_model(self.spec.model, device=self.device, dtype=self.spec.dtype)
-        # SSD heads, loaded once and held here for every batch (nothing is kept on the model object)
-        self.heads = heads_for(self.decoding, self.model)
-        self.sc = self.decoding.sampling
-        self.specs: dict[str, DecodeSpec] = {}  # the resolved spec texts the flow sent, each parsed once
-        self.current = self.decoding  # what the batch decodes by: the flow's resolved spec
+        # the run's requested spec (parsed and checked once, by the settings), built once: its heads loaded and
+        # held here for every batch (nothing is kept on the model object)
+        self.decoder = build(self.spec.decoder, self.model)
+        self.sc = self.spec.decoder.sampling
+        self.resolved: dict[str, Decoder] = {}  # the resolved spec texts the flow sent, each built once
+        self.current = self.decoder  # what the batch decodes by: the flow's resolved spec
         self.load_s = time.perf_counter() - t0
         self.reported_load = False
         self.where = {"pid": os.getpid(), "node_id": _node_id(), "device": self.device}
@@ -126,12 +125,7 @@ class DecodeWorker:
             torch.cuda.synchronize()
 
     def _decode(self, prompts: list[str], seeds: list[int]):
-        from ssdgen.decoders import run
-        from ssdgen.decoders.calibrate import AR_FASTER
-        res = run(self.current, self.model, prompts, seeds, self.heads)
-        if self.current.family == "ar" and self.decoding.family != "ar":  # the run's calibration chose plain AR
-            for st in res.stats:
-                st.ar_fallback = AR_FASTER
+        res = self.current.decode(prompts, seeds)  # a fall-back to AR is said in its statistics (decoder.py)
         images = self.model.decode_images(res.tokens).numpy()
         return res.tokens.cpu().numpy(), images, res.stats
 
@@ -144,21 +138,20 @@ class DecodeWorker:
         `sharing` actors on the machine). The device profile comes from the cache when this device measured it
         before (workers/plan_cache.py). Its time is a one-time cost like the model load, and is charged with it
         (`take_load_seconds`)."""
-        from ssdgen.decoders import resolve
         from ssdgen.workers import plan_cache
         t0 = time.perf_counter()
         good = [r for r in rows if not r.get("error") and self._valid(r["prompt"])]
         if not good:
             raise ValueError(f"no valid prompt among the first {len(rows)} rows to calibrate "
-                             f"{self.decoding.label} on; put valid prompts first, or set calibrated=false")
-        batches = batch or batch_choices(self.model, self.decoding.sampling.uses_cfg, most, sharing)
-        key = plan_cache.key(self.model, self.decoding, batches)
-        spec, plan = resolve(self.decoding, self.model, [r["prompt"] for r in good],
-                             [int(r["seed"]) for r in good], batches, self.heads, objective, plan_cache.load(key))
-        if not plan.cached:
-            plan_cache.save(key, plan)
+                             f"{self.decoder.spec.label} on; put valid prompts first, or set calibrated=false")
+        batches = batch or batch_choices(self.model, self.sc.uses_cfg, most, sharing)
+        key = plan_cache.key(self.model, self.decoder.spec, batches)
+        chosen = self.decoder.resolve([r["prompt"] for r in good], [int(r["seed"]) for r in good], batches,
+                                      objective, plan_cache.load(key))
+        if not chosen.plan.cached:
+            plan_cache.save(key, chosen.plan)
         self.load_s += time.perf_counter() - t0
-        return {"spec": str(spec), "measurements": plan.to_dict()}
+        return {"spec": str(chosen), "measurements": chosen.plan.to_dict()}
 
     def _valid(self, prompt: str) -> bool:
         try:
@@ -170,14 +163,14 @@ class DecodeWorker:
     def _use_spec(self, text: str | None) -> None:
         """Decode by the run's resolved spec, as the flow sent it: the same text on every actor, a restarted one
         and a retry, so a sample's tokens depend on its seed and that text only. None: this actor's own spec
-        (a calibrated one then fails in `run`: it must be resolved first)."""
+        (a calibrated one then fails in `decode`: it must be resolved first)."""
         if text is None:
-            self.current = self.decoding
+            self.current = self.decoder
             return
-        if text not in self.specs:
+        if text not in self.resolved:
             from ssdgen.decoders.spec import DecodeSpec
-            self.specs[text] = DecodeSpec.parse(text)
-        self.current = self.specs[text]
+            self.resolved[text] = self.decoder.as_spec(DecodeSpec.parse(text))
+        self.current = self.resolved[text]
 
     def decode(self, rows: list[dict], spec: str | None = None) -> BatchResult:
         """rows: [{prompt_id, prompt, seed, error[, audit_seed]}]; spec: the run's resolved spec text (flows.pipeline)

@@ -28,7 +28,7 @@ def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for sever
     """Sample images for prompts and save them as one grid PNG (a row per prompt)."""
     import numpy as np
     from PIL import Image
-    from ssdgen.decoders import heads_for, resolve, run
+    from ssdgen.decoders import build
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
     spec = spec_of(decoder)
@@ -36,18 +36,17 @@ def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for sever
     prompts = [p for p in prompt for _ in range(n)]
     seeds = [seed + i for i in range(len(prompts))]
     m.validate_prompts(prompts)
-    heads = heads_for(spec, m)
-    resolved, measured = resolve(spec, m, prompts, seeds, len(prompts), heads)  # a calibrated spec: on this batch
-    if measured is not None:
-        typer.echo(f"{decoder} planned on this device: {measured.why}; decoding as {resolved}")
-    res = run(resolved, m, prompts, seeds, heads)
+    dec = build(spec, m).resolve(prompts, seeds, len(prompts))  # a calibrated spec: planned on this batch
+    if dec.plan is not None:
+        typer.echo(f"{decoder} planned on this device: {dec.plan.why}; decoding as {dec}")
+    res = dec.decode(prompts, seeds)
     imgs = m.decode_images(res.tokens).numpy()
     rows = [np.concatenate(list(imgs[i * n:(i + 1) * n]), axis=1) for i in range(len(prompt))]
     Image.fromarray(np.concatenate(rows, axis=0)).save(out)
     fwd = np.mean([s.forwards for s in res.stats])
     typer.echo(f"wrote {out} ({len(prompts)} images, {decoder}, {fwd:.1f} forwards per image)")
-    if resolved.family == "ar" and spec.family != "ar":  # a fall-back to plain AR is said, never silent
-        typer.echo(f"note: {decoder} decoded this batch as plain AR ({measured.why})")
+    if dec.falls_back:  # a fall-back to plain AR is said, never silent
+        typer.echo(f"note: {decoder} decoded this batch as plain AR ({dec.plan.why})")
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -231,19 +230,19 @@ def calibrate_cmd(decoder: str = RUN_DECODER,
     sizes = _batch_sizes(batch_sizes)
     if not sizes or min(sizes) < 1 or max(sizes) > 1024:
         raise ValueError(f"--batch-sizes must be integers in 1..1024, got {batch_sizes!r}")
-    from ssdgen.decoders import heads_for, resolve
-    from ssdgen.decoders.configs import CALIBRATION_PROMPTS
+    from ssdgen.decoders import build
+    from ssdgen.decoders.recipes import CALIBRATION_PROMPTS
     from ssdgen.decoders.spec import speculative_rows
     from ssdgen.reference.prompts import eval_prompts
     m = model_on(model, device, dtype)
-    heads = heads_for(spec, m)  # loaded once for every batch size
+    dec = build(spec, m)  # its heads loaded once for every batch size
     rows = eval_prompts(max(max(sizes), CALIBRATION_PROMPTS))
     plans = []
     for b in sizes:
         k = max(b, CALIBRATION_PROMPTS)
-        resolved, measured = resolve(spec, m, [r["prompt"] for r in rows[:k]],
-                                     [seed * 1_000_003 + r["seed"] for r in rows[:k]], b, heads, objective)
-        plan = {"spec": str(resolved), "rows": speculative_rows(resolved)} | measured.to_dict()
+        chosen = dec.resolve([r["prompt"] for r in rows[:k]], [seed * 1_000_003 + r["seed"] for r in rows[:k]], b,
+                             objective)
+        plan = {"spec": str(chosen), "rows": speculative_rows(chosen.spec)} | chosen.plan.to_dict()
         plans.append(plan)
         est = ", ".join(f"{c.split('@')[0]}: {v:.2f}" for c, v in plan["estimates"].items())
         typer.echo(f"batch {b:>4}: {plan['why']}; {plan['spec']}; estimates (images/s) {est}; "

@@ -124,7 +124,7 @@ def _stop_prefect_server() -> None:
 
 
 def sampling_of(cfg: float, temperature: float, top_k: int, top_p: float):
-    from ssdgen.decoders.configs import SamplingConfig
+    from ssdgen.decoders.recipes import SamplingConfig
     return SamplingConfig(cfg_scale=cfg, temperature=temperature, top_k=top_k, top_p=top_p)
 
 

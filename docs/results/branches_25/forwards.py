@@ -10,7 +10,7 @@ import torch
 from ssdgen.models.registry import load_model
 from ssdgen.reference.prompts import eval_prompts
 from ssdgen.decoders import decode
-from ssdgen.decoders.configs import SamplingConfig
+from ssdgen.decoders.recipes import SamplingConfig
 torch.set_num_threads(2)
 m = load_model("reference")
 sc = SamplingConfig()

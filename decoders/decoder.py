@@ -1,0 +1,77 @@
+"""A decoder: a spec built once for a model, the one value every caller decodes with.
+
+    dec = build(DecodeSpec.parse("ssd+csd"), model)        # the recipe's heads loaded once
+    dec = dec.resolve(prompts[:4], seeds[:4], batch=16)     # a calibrated spec: the device's concrete choice
+    res = dec.decode(prompts, seeds)                        # DecodeResult: tokens and per-sample statistics
+    str(dec)                                                # the full resolved spec; it reproduces the tokens
+
+`resolve` plans a calibrated spec once (calibrate.py) and returns the concrete decoder with its `plan`; any
+other spec with a fixed batch resolves to itself. Falling back to plain AR is the decoder's property
+(`falls_back`): its samples' statistics say so (`ar_fallback`), wherever it was decided. `decode` refuses a
+spec still calibrated. A decoder holds no state between calls: a sample's tokens depend on its seed and
+`str(dec)` only, never on the batch it is decoded in.
+"""
+
+from __future__ import annotations
+
+from .calibrate import AR_FASTER, resolve
+from .engine import heads_for, run
+from .planner import Plan
+from .spec import DecodeSpec
+from .stats import DecodeResult
+
+
+class Decoder:
+    """`spec` built for `model` (use `build`): `requested` is what the user asked for, `spec` what decodes."""
+
+    def __init__(self, spec: DecodeSpec, model, heads=None, requested: DecodeSpec | None = None,
+                 plan: Plan | None = None):
+        self.spec, self.model, self.plan = spec, model, plan
+        self.requested = requested or spec
+        self.heads = heads
+
+    @property
+    def falls_back(self) -> bool:
+        """Whether a speculative request decodes as plain AR here (its plan chose AR)."""
+        return self.spec.family == "ar" and self.requested.family != "ar"
+
+    def resolve(self, prompts: list[str], seeds: list[int], batch: int | list[int], objective: str = "throughput",
+                cached: dict | None = None) -> "Decoder":
+        """The concrete decoder this device decodes a calibrated spec as, planned on `prompts` (planner.py) for
+        `objective` among the batch sizes `batch`; `plan` says what was measured and why. Any other spec with a
+        fixed batch: itself. cached: a cached plan's measurements (workers/plan_cache.py), not measured again."""
+        spec, plan = resolve(self.spec, self.model, prompts, seeds, batch, self.heads, objective, cached)
+        return self if plan is None else Decoder(spec, self.model, self.heads, self.requested, plan)
+
+    def as_spec(self, spec: DecodeSpec) -> "Decoder":
+        """This request decoded by a concrete spec decided elsewhere (a run's recorded plan), with the same heads."""
+        if spec == self.spec:
+            return self
+        if spec.recipe.drafter != "heads":
+            heads = None
+        elif self.heads is not None and spec.heads == self.spec.heads:  # the same heads file: already loaded
+            heads = self.heads
+        else:
+            heads = heads_for(spec, self.model)
+        return Decoder(spec, self.model, heads, self.requested)
+
+    def decode(self, prompts: list[str], seeds: list[int]) -> DecodeResult:
+        """Decode prompts with per-sample seeds (engine.run); a fall-back to AR is said in each sample's stats."""
+        res = run(self.spec, self.model, prompts, seeds, self.heads)
+        if self.falls_back:
+            for st in res.stats:
+                st.ar_fallback = AR_FASTER
+        return res
+
+    def __str__(self) -> str:
+        return str(self.spec)
+
+    def __repr__(self) -> str:
+        return f"Decoder({str(self.spec)!r})"
+
+
+def build(spec: DecodeSpec | str, model, heads=None) -> Decoder:
+    """A spec (or its text) built once for `model`: its recipe's heads loaded (or `heads` given), nothing else
+    kept. The spec is checked here: a bad one fails before any decoding."""
+    spec = DecodeSpec.parse(spec) if isinstance(spec, str) else spec
+    return Decoder(spec, model, heads if heads is not None else heads_for(spec, model))

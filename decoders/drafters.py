@@ -158,7 +158,7 @@ class SpatialHeads(nn.Module):
 
 def model_fingerprint(model) -> str:
     """'<name>@<first 12 hex of the weights' checksum>' where the model has one, else its name."""
-    digest = getattr(model, "weights_digest", None)
+    digest = model.capabilities.weights_digest
     return f"{model.name}@{digest[:12]}" if digest else model.name
 
 

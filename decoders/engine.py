@@ -24,9 +24,9 @@ LOOPS = {"ar": _ar, "window": decode_window, "block": decode_block}
 
 
 def load_heads(model, path=None) -> SpatialHeads:
-    """SSD heads for this model: those at `path`, or the model's own (`default_heads`). Loaded on each call; a
+    """SSD heads for this model: those at `path`, or the model's own (`capabilities.heads`). Loaded on each call; a
     caller that decodes many batches (the worker, a bench) loads them once and passes them to `run`."""
-    path = path or getattr(model, "default_heads", None)
+    path = path or model.capabilities.heads
     if path is None:
         raise ValueError(f"model {model.name!r} has no default SSD heads; pass heads=PATH")
     return SpatialHeads.load(path, model)

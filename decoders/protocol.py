@@ -5,9 +5,12 @@ CFG, the unconditional branch) and returns the logits for index 0. `step(tokens,
 tokens at the given indices, per sample (the first lengths[b] of row b; all without lengths), and returns
 for each the logits that predict index + 1, plus the last hidden state before the final norm. Caches are
 position-indexed: feeding a sample from an earlier index is its rollback, and touches no other sample.
-A model with `tree_attention = True` (the reference model) also takes `step(..., tree=)`, a [B, S, S] mask of
-which entries each entry sees, and `copy_cache(src, dst, where)`, which moves cached keys and values between
-indices: proactive drafting's branches (decoders/branches.py) need both; the window loop refuses them elsewhere.
+What a model offers beyond the protocol it declares as `capabilities` (a `Capabilities`), never probed: with
+`tree_attention` (the reference model) it also takes `step(..., tree=)`, a [B, S, S] mask of which entries each
+entry sees, and `copy_cache(src, dst, where)`, which moves cached keys and values between indices: proactive
+drafting's branches (decoders/branches.py) need both; the window loop refuses them elsewhere. `heads`: where its
+own SSD heads are; `weights_digest`: its weights' checksum (heads and cached plans are for these weights only);
+`kv_bytes_per_sample(use_cfg)`: its caches' bytes per sample, which caps a batch (workers/decode_worker.py).
 A prompt the model cannot condition on is refused up front (`validate_prompts`) with a `PromptError`, whose
 `reason` code a run counts its error rows by.
 """
@@ -15,9 +18,19 @@ A prompt the model cannot condition on is refused up front (`validate_prompts`) 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a model offers beyond the protocol (module doc); the defaults: nothing more."""
+
+    tree_attention: bool = False  # step(..., tree=) and copy_cache: proactive drafting's branches
+    heads: str | None = None  # its own SSD heads (heads.safetensors + heads.json), if it ships any
+    weights_digest: str | None = None  # the weights' checksum
+    kv_bytes_per_sample: Callable[[bool], int] | None = None  # use_cfg -> bytes of one sample's caches
 
 
 @dataclass

@@ -59,7 +59,7 @@ def decode_window(model: ImageTokenModel, prompts: list[str], seeds: list[int], 
     streams = rng.Streams(seeds, dev)
     N, L = model.grid[0] * model.grid[1], cfg.tokens(model.grid[1])
     drafter = DRAFTERS[cfg.drafter](model, sc, cfg, heads, len(prompts), N + L + 2)
-    if cfg.branches > 1 and not getattr(model, "tree_attention", False):
+    if cfg.branches > 1 and not model.capabilities.tree_attention:
         raise ValueError(f"branches={cfg.branches} verifies its candidates by tree attention, which model "
                          f"{model.name!r} does not have (the reference model does): set branches=1")
     jac = _Jacobi(model, sc, cfg, L, drafter, streams, dev)

@@ -31,7 +31,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from ssdgen.decoders.protocol import EMPTY, TOO_LONG, PromptError, StepOutput
+from ssdgen.decoders.protocol import EMPTY, TOO_LONG, Capabilities, PromptError, StepOutput
 
 
 class PromptEncoder(Protocol):
@@ -107,6 +107,7 @@ class HFImageAdapter:
 
     line_break_id: int | None = None
     spare = 16  # image indices allocated past the grid at start (sjd windows overhang); grows on demand
+    capabilities = Capabilities()  # no tree attention, no heads of its own, caches sized on demand
 
     def __init__(self, name: str, lm: torch.nn.Module, norm: torch.nn.Module, grid: tuple[int, int], n_codes: int,
                  hidden_dim: int, encoder, max_positions: int | None = None):

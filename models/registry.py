@@ -24,11 +24,38 @@ from dataclasses import dataclass
 
 from .checkpoints import check_checkpoint, check_heads_path
 
-HF_KINDS = ("janus", "emu3", "chameleon")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
-OPTIONS = {"reference": (), "janus": (), "emu3": ("grid", "image_area"), "chameleon": ("grid",)}
-USAGE = "use reference[:/path], janus:/path, emu3:/path[:grid=RxC|:image_area=N] or chameleon:/path[:grid=RxC]"
+OPTION_SYNTAX = {"grid": "grid=RxC", "image_area": "image_area=N"}  # each option as a spec writes it
 _OPTION = re.compile(r"[a-z_]+=")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One model kind --model names, declared once: the parser, the CLI's help and `ssdgen models` read it."""
+
+    name: str
+    hf: bool  # a Hugging Face checkpoint (models/hf.py ADAPTERS), else the reference model (a bundle folder)
+    options: tuple[str, ...]  # OPTION_SYNTAX keys its spec may end in
+    about: str  # one line for `ssdgen models`
+
+    @property
+    def syntax(self) -> str:
+        """How a spec names it: `emu3:/path/to/checkpoint[:grid=RxC|:image_area=N]`."""
+        path = ":/path/to/checkpoint" if self.hf else "[:/path/to/bundle]"
+        opts = "[" + "|".join(f":{OPTION_SYNTAX[o]}" for o in self.options) + "]" if self.options else ""
+        return self.name + path + opts
+
+
+KINDS = {k.name: k for k in (
+    Kind("reference", False, (), "the bundled reference model (the default), or a bundle from "
+                                 "`ssdgen dev train-reference`"),
+    Kind("janus", True, (), "a Janus checkpoint (local folder, safetensors)"),
+    Kind("emu3", True, ("grid", "image_area"), "an Emu3 checkpoint; grid= (token rows x cols) or image_area= "
+                                               "(pixels of a square image)"),
+    Kind("chameleon", True, ("grid",), "a Chameleon checkpoint; grid= (token rows x cols, default 32x32)"),
+)}
+USAGE = "use " + ", ".join(k.syntax for k in KINDS.values())
+MODEL_HELP = "model: " + ", ".join(k.syntax for k in KINDS.values()) + " (default: the bundled reference)"
 
 
 @dataclass(frozen=True)
@@ -46,8 +73,9 @@ class ModelSpec:
         if text in (None, "", "reference"):
             return cls()
         kind, _, rest = text.strip().partition(":")
-        if kind not in OPTIONS:
+        if kind not in KINDS:
             raise ValueError(f"unknown model {text!r}; {USAGE}")
+        takes = KINDS[kind].options
         pieces = rest.split(":")
         n = len(pieces)
         while n > 1 and _OPTION.match(pieces[n - 1]):  # trailing key=value pieces; the path may hold ':'
@@ -58,9 +86,9 @@ class ModelSpec:
                              f"{kind}:/path/to/checkpoint:key=value")
         for kv in pieces[n:]:
             k, v = kv.split("=", 1)
-            if k not in OPTIONS[kind]:
-                takes = f"takes {', '.join(OPTIONS[kind])}" if OPTIONS[kind] else "takes no options"
-                raise ValueError(f"model spec {text!r}: unknown option {k!r}; {kind} {takes}")
+            if k not in takes:
+                says = f"takes {', '.join(takes)}" if takes else "takes no options"
+                raise ValueError(f"model spec {text!r}: unknown option {k!r}; {kind} {says}")
             if k in opts:
                 raise ValueError(f"model spec {text!r}: {k!r} given twice")
             opts[k] = _grid(v, text) if k == "grid" else _positive(k, v, text)
@@ -118,7 +146,7 @@ def resolve_dtype(name: str, device: str, hf: bool = False):
 def load_model(spec: str | ModelSpec | None, device: str = "cpu", dtype: str = "auto"):
     """The model a spec names, its weights on `device` in `dtype` (see the module doc)."""
     ms = spec if isinstance(spec, ModelSpec) else ModelSpec.parse(spec)
-    hf = ms.kind in HF_KINDS
+    hf = KINDS[ms.kind].hf
     torch_dtype = resolve_dtype(dtype, device, hf)
     if not hf:
         from ssdgen.reference.model import ReferenceModel
@@ -134,5 +162,5 @@ def check_model_spec(spec: str | None, decoder=None) -> None:
     ms = ModelSpec.parse(spec)
     text = spec or "reference"
     check_checkpoint(ms.kind, ms.path, text)
-    if decoder is not None and decoder.family.startswith("ssd"):
+    if decoder is not None and decoder.recipe.drafter == "heads":
         check_heads_path(decoder.heads, ms.kind, ms.path, text, decoder.label)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ssdgen.decoders.protocol import StepOutput
+from ssdgen.decoders.protocol import Capabilities, StepOutput
 
 from ssdgen.reference import captions as cap
 from ssdgen.reference.gpt import SPARE_POSITIONS
@@ -69,7 +69,12 @@ class ReferenceModel:
         logits, hidden = self.gpt(ids + self.n_codes, pos)
         return self._split(logits[:, -1:], hidden[:, -1:])
 
-    tree_attention = True  # step takes tree=, and copy_cache moves a branch's keys (decoders/branches.py)
+    @property
+    def capabilities(self) -> Capabilities:
+        """Tree attention (step takes tree=, copy_cache moves a branch's keys: decoders/branches.py), its own
+        heads, its weights' digest and its caches' size (decoders/protocol.py)."""
+        return Capabilities(tree_attention=True, heads=None if self.default_heads is None else str(self.default_heads),
+                            weights_digest=self.weights_digest, kv_bytes_per_sample=self.cache_bytes_per_sample)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, index: torch.Tensor, lengths: torch.Tensor | None = None,

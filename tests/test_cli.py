@@ -185,7 +185,7 @@ def test_decoders_lists_every_family_with_its_parameters_and_defaults():
 
 
 def test_models_lists_every_kind_with_a_spec_syntax_the_registry_parses():
-    from ssdgen.models.registry import OPTIONS, ModelSpec
+    from ssdgen.models.registry import KINDS as OPTIONS, ModelSpec
     r = CliRunner().invoke(app, ["models"])
     assert r.exit_code == 0, r.output
     syntax = {line.split(":")[0].split("[")[0]: line for line in r.output.splitlines()

@@ -99,14 +99,14 @@ def test_the_batch_sizes_a_plan_may_choose_stop_at_the_shard_and_at_what_memory_
     memory holds of the model's cache per sample, split among the actors sharing the machine."""
     from ssdgen.workers import decode_worker as dw
 
+    from ssdgen.decoders.protocol import Capabilities
+
     class Model:
         device = "cpu"
 
         def __init__(self, per_sample):
             self.per_sample = per_sample
-
-        def cache_bytes_per_sample(self, use_cfg):
-            return self.per_sample * (2 if use_cfg else 1)
+            self.capabilities = Capabilities(kv_bytes_per_sample=lambda use_cfg: per_sample * (2 if use_cfg else 1))
 
     monkeypatch.setattr(dw, "free_memory", lambda model: 1000 * 2**20)  # 1000 MiB free
     assert dw.batch_choices(Model(2**20), False, 256) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -114,7 +114,8 @@ def test_the_batch_sizes_a_plan_may_choose_stop_at_the_shard_and_at_what_memory_
     assert dw.batch_choices(Model(2**20), True, 256) == [1, 2, 4, 8, 16, 32, 64, 128]  # 500 / 2 MiB: 250
     assert dw.batch_choices(Model(2**20), True, 256, sharing=4) == [1, 2, 4, 8, 16, 32]  # 62 each
     assert dw.batch_choices(Model(2**40), True, 256) == [1]  # nothing fits: one at a time
-    assert dw.batch_choices(object(), True, 16) == [1, 2, 4, 8, 16]  # a model that does not say: the shard only
+    silent = type("Silent", (), {"capabilities": Capabilities()})()
+    assert dw.batch_choices(silent, True, 16) == [1, 2, 4, 8, 16]  # a model that does not say: the shard only
 
 
 def test_the_reference_models_cache_bytes_are_what_it_allocates(tmp_path):

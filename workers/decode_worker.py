@@ -33,9 +33,9 @@ MEMORY_SHARE = 0.5  # of the memory free when an actor plans, what its batch's c
 def batch_choices(model, use_cfg: bool, most: int, sharing: int = 1) -> list[int]:
     """The batch sizes a plan may choose among (planner.BATCHES): at most `most`, and those whose caches fit in
     MEMORY_SHARE of the device's free memory split among `sharing` actors (the model's own count of its cache
-    bytes per sample, `cache_bytes_per_sample`; a model that does not say is capped by `most` only)."""
+    bytes per sample, `capabilities.kv_bytes_per_sample`; a model that does not say is capped by `most` only)."""
     from ssdgen.decoders.planner import BATCHES
-    per_sample = getattr(model, "cache_bytes_per_sample", None)
+    per_sample = model.capabilities.kv_bytes_per_sample
     cap = most
     if per_sample is not None:
         cap = min(cap, int(MEMORY_SHARE * free_memory(model) / max(1, sharing) // per_sample(use_cfg)))

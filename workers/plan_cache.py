@@ -40,7 +40,7 @@ def key(model, spec, batch: int | list[int]) -> str:
     dev = str(getattr(model, "device", "cpu"))
     gpu = torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else ""
     parts = [VERSION, hardware(), gpu, torch.__version__, torch.get_num_threads(), dev,
-             str(getattr(model, "dtype", "")), model.name, getattr(model, "weights_digest", None), str(spec), batch]
+             str(getattr(model, "dtype", "")), model.name, model.capabilities.weights_digest, str(spec), batch]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
 
 

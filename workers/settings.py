@@ -13,6 +13,7 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
 
 from ssdgen.decoders.spec import DecodeSpec
+from ssdgen.models.registry import MODEL_HELP
 
 
 def _spec(value) -> DecodeSpec:
@@ -34,8 +35,7 @@ class WorkerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
-    model: str = option("reference", "model: reference (default), reference:/bundle, janus:/ckpt, "
-                                     "emu3:/ckpt[:grid=RxC|:image_area=N], chameleon:/ckpt[:grid=RxC]")
+    model: str = option("reference", MODEL_HELP)
     decoder: Spec = option("ssd+csd", "decode spec FAMILY[:key=value...], e.g. ar, sjd, csd:lam=0.5, "
                            "ssd+csd:rows=2 (`ssdgen decoders` lists them); the default ssd+csd decides once per run "
                            "whether and how far to speculate on this device (_plan.json)")

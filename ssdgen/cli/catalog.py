@@ -12,12 +12,6 @@ import typer
 
 app = typer.Typer()
 
-# the registry's option names, as a spec writes them (models/registry.py parses these)
-OPTION_SYNTAX = {"grid": "grid=RxC", "image_area": "image_area=N"}
-KIND_HELP = {"reference": "the bundled reference model (the default), or a bundle from `ssdgen dev train-reference`",
-             "janus": "a Janus checkpoint (local folder, safetensors)",
-             "emu3": "an Emu3 checkpoint; grid= (token rows x cols) or image_area= (pixels of a square image)",
-             "chameleon": "a Chameleon checkpoint; grid= (token rows x cols, default 32x32)"}
 
 
 def _fill(text: str, indent: str = "") -> str:
@@ -67,11 +61,9 @@ def decoders_cmd():
 @app.command("models")
 def models_cmd():
     """The model kinds --model names, their spec syntax and options, and the precisions --dtype takes."""
-    from ssdgen.models.registry import DTYPES, OPTIONS
-    for kind, opts in OPTIONS.items():
-        path = "[:/path/to/bundle]" if kind == "reference" else ":/path/to/checkpoint"
-        extra = "[" + "|".join(f":{OPTION_SYNTAX[o]}" for o in opts) + "]" if opts else ""
-        typer.echo(f"{kind}{path}{extra}")
-        typer.echo(_fill(KIND_HELP.get(kind, ""), "    "))
+    from ssdgen.models.registry import DTYPES, KINDS
+    for kind in KINDS.values():
+        typer.echo(kind.syntax)
+        typer.echo(_fill(kind.about, "    "))
     typer.echo(_fill(f"--dtype {'|'.join(DTYPES)} (auto: fp32 on the CPU; on a GPU bf16 for Hugging Face "
                      "checkpoints, fp32 for the reference model); --device cpu|cuda[:N]"))

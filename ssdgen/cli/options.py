@@ -15,6 +15,8 @@ from typing import Optional
 
 import typer
 
+from ssdgen.models.registry import MODEL_HELP
+
 
 # OSError: a store that refuses a write or read (a full disk, a missing bucket) is named by its URL
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, KeyError, OSError)
@@ -148,8 +150,7 @@ RUN_DECODER = typer.Option("ssd+csd", "--decoder", help=SPEC_HELP + "; the defau
                            "whether and how far to speculate on this device (_plan.json)")
 CFG = typer.Option(3.0, "--cfg", help="classifier-free guidance scale (1 = off)")
 TOPK = typer.Option(0, "--top-k", help="keep the k most likely tokens (0 = off)")
-MODEL = typer.Option(None, help="model: reference (default), reference:/bundle, janus:/ckpt, "
-                                 "emu3:/ckpt[:grid=RxC|:image_area=N], chameleon:/ckpt[:grid=RxC]")
+MODEL = typer.Option(None, help=MODEL_HELP)
 DEVICE = typer.Option("cpu", "--device", help="torch device for the model: cpu or cuda[:N]")
 DTYPE = typer.Option("auto", "--dtype", help="model precision: fp32, bf16, fp16 (GPU only) or auto (fp32 on the "
                                             "CPU; on a GPU bf16 for Hugging Face checkpoints, fp32 for the "

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from datetime import datetime, timezone
 
+from ssdgen.formats import write_shard
 from ssdgen.workers.results import UNRECORDED
 
 from .audit import AUDIT_FILE, audit_table, shard_audit
@@ -20,7 +21,6 @@ from .layout import MARKER, Output, shard_tables
 from .lease import LeaseLost
 from .marker import Marker
 from .ticket import is_transient
-from .webdataset_shards import shard_files
 
 WRITE_TRIES = 3  # a failed PUT is retried in place: re-decoding a shard for a storage hiccup wastes the devices
 
@@ -97,8 +97,8 @@ class Commit:
 
     def _put(self, shard: int, attempt: str, marker: dict, images, stats, audit_t) -> Marker | None:
         out = self.out
-        # images.parquet, stats.parquet and/or the WebDataset tar, as --format says
-        files = shard_files(out, attempt, shard, images, stats, self.cfg.format, self.cfg.shard_size)
+        # each --format's file (formats/: images.parquet, the WebDataset tar, ...) and stats.parquet
+        files = write_shard(out, attempt, shard, images, stats, self.cfg.format, self.cfg.shard_size)
         if audit_t is not None:  # written even when empty: the marker then says this shard was audited
             files.append(out.write_table(f"{attempt}/{AUDIT_FILE}", audit_t))
         if (aborted := self.aborted()) is not None:  # an aborted run commits nothing more, as a crashed driver

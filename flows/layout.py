@@ -7,7 +7,7 @@
     {out}/shards/{shard:06d}/attempt-{uuid}/images.parquet   one row per prompt: image {bytes, path}, token grid, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/stats.parquet    one row per prompt: status, error, error_reason, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/audit.parquet    with --audit: one row per audited prompt (flows.audit)
-    {out}/shards/{shard:06d}/attempt-{uuid}/{shard:05d}.tar  with --format webdataset|both (flows.webdataset_shards)
+    {out}/shards/{shard:06d}/attempt-{uuid}/{shard:05d}.tar  with --format webdataset|both (formats/webdataset.py)
     {out}/shards/{shard:06d}/_SUCCESS.json               commit marker, written last, create-only
     {out}/shards/{shard:06d}/_DAMAGED-{uuid}.json        a marker whose files failed the check (flows.verify)
     {out}/manifest.parquet                               one row per committed shard (file URLs, rows, sha256)
@@ -37,10 +37,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ssdgen.decoders.sample_stats import stat_columns
+from ssdgen.formats import FORMATS
+from ssdgen.storage.store import CorruptMarker, Store
 
 from .cost import Price, recorded_price
 from .marker import Marker, MarkerDigest
-from ssdgen.storage.store import CorruptMarker, Store
 
 CONFIG, MANIFEST, SUMMARY, MARKER = "_config.json", "manifest.parquet", "summary.json", "_SUCCESS.json"
 PLAN = "_plan.json"
@@ -87,12 +88,15 @@ STAT_COLUMNS = [(name, _ARROW[kind]) for name, kind in stat_columns()]
 STATS_SCHEMA = pa.schema(_SAMPLE + STAT_COLUMNS + [("latency_s", pa.float64()), ("device_seconds", pa.float64())])
 
 
-MANIFEST_SCHEMA = pa.schema([
+_MANIFEST_BASE = [
     ("shard", pa.int64()), ("attempt", pa.string()), ("rows", pa.int64()), ("ok", pa.int64()), ("failed", pa.int64()),
-    ("images_url", pa.string()), ("stats_url", pa.string()), ("images_sha256", pa.string()),
-    ("stats_sha256", pa.string()), ("audit_url", pa.string()),
-    # --format webdataset|both: the shard's tar (flows.webdataset_shards); images_url is null with webdataset alone
-    ("tar_url", pa.string()), ("tar_sha256", pa.string())])
+    ("stats_url", pa.string()), ("stats_sha256", pa.string()), ("audit_url", pa.string())]
+
+
+def manifest_schema() -> pa.Schema:
+    """The manifest's columns: the shard's, its statistics' and audit's, then each registered format's URL and
+    SHA-256 (formats/: images_url with Parquet, tar_url with WebDataset; null where the run wrote no such file)."""
+    return pa.schema(_MANIFEST_BASE + [(c, pa.string()) for f in FORMATS.values() for c in f.manifest_columns])
 
 
 def _shard_of(path: str) -> int:
@@ -271,7 +275,8 @@ class ManifestWriter:
     def __init__(self, out: Output):
         self.out = out
         self.buf = io.BytesIO()
-        self.writer = pq.ParquetWriter(self.buf, MANIFEST_SCHEMA, compression="zstd")
+        self.schema = manifest_schema()
+        self.writer = pq.ParquetWriter(self.buf, self.schema, compression="zstd")
         self.rows: list[dict] = []
         self.digest = MarkerDigest()  # which commits it names, kept in its metadata (flows.converge)
 
@@ -282,7 +287,7 @@ class ManifestWriter:
             self._flush()
 
     def _flush(self) -> None:
-        self.writer.write_table(pa.Table.from_pylist(self.rows, schema=MANIFEST_SCHEMA))
+        self.writer.write_table(pa.Table.from_pylist(self.rows, schema=self.schema))
         self.rows = []
 
     def close(self) -> str:
@@ -298,17 +303,18 @@ class ManifestWriter:
 
 def manifest_row(out: Output, m: Marker) -> dict:
     """A committed shard's manifest row, from its marker: the URLs and SHA-256 of the files it names. A file
-    the run does not write (images without Parquet output, audit without --audit, tar without WebDataset
-    output) is null."""
+    the run does not write (a format it was not asked for, audit without --audit) is null."""
     def url(kind):
         return out.full_url(out.path(f.path)) if (f := m.file(kind)) else None
 
     def sha(kind):
         return f.sha256 if (f := m.file(kind)) else None
 
-    return {"shard": m.shard, "attempt": m.attempt, "rows": m.rows, "ok": m.ok, "failed": m.failed,
-            "images_url": url("images"), "stats_url": url("stats"), "images_sha256": sha("images"),
-            "stats_sha256": sha("stats"), "audit_url": url("audit"), "tar_url": url("tar"), "tar_sha256": sha("tar")}
+    row = {"shard": m.shard, "attempt": m.attempt, "rows": m.rows, "ok": m.ok, "failed": m.failed,
+           "stats_url": url("stats"), "stats_sha256": sha("stats"), "audit_url": url("audit")}
+    for f in FORMATS.values():
+        row |= dict(zip(f.manifest_columns, (url(f.kind), sha(f.kind))))
+    return row
 
 
 def plan_words(plan: dict | None) -> str | None:

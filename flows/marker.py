@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass, field, fields
 
 
 def file_kind(path: str) -> str:
-    """A data file's kind from its name: images, stats, audit (the Parquet stem) or tar ({shard:05d}.tar)."""
-    name = posixpath.basename(path)
-    return "tar" if name.endswith(".tar") else name.split(".")[0]
+    """A data file's kind from its name: its stem (images, stats, audit), or its extension where the stem is the
+    shard's number (tar for {shard:05d}.tar; a format's kind, formats/)."""
+    stem, _, ext = posixpath.basename(path).partition(".")
+    return ext if stem.isdigit() and ext else stem
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The generation flow: Parquet prompts on any fsspec URL -> images and per-sample statistics as committed
-Parquet shards (and/or WebDataset tars, flows/webdataset_shards.py), on a pool of Ray actors, driven by Prefect.
+Parquet shards (and/or WebDataset tars: formats/), on a pool of Ray actors, driven by Prefect.
 
     plan (metadata only) -> skip committed shards -> groups of shards as Prefect tasks with retries, a few at
     a time (flows.groups) -> a bounded window of shards over the actors (flows.dispatch): read its rows ->

@@ -25,7 +25,6 @@ the tars (`committed_shards(url)["tar_url"]`, or `export`).
 from __future__ import annotations
 
 import json
-import tarfile
 from collections import Counter
 
 import fsspec
@@ -35,16 +34,17 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from ssdgen.decoders.spec import DecodeSpec, speculative_rows
+from ssdgen.formats import FORMATS
 from ssdgen.workers.results import UNRECORDED
 
 from .audit import DEFAULT_TOLERANCE, summarize as audit_summary
 from .cost import Price, check_price_options, price_from, run_summary
-from .layout import CONFIG, IMAGES_SCHEMA, MANIFEST, MANIFEST_SCHEMA, STATS_SCHEMA, SUMMARY, Output, manifest_row
+from .layout import CONFIG, IMAGES_SCHEMA, MANIFEST, STATS_SCHEMA, SUMMARY, Output, manifest_row, manifest_schema
 from .verify import damaged_shards
 
 
 def committed_shards(url: str, fresh: bool = False) -> pa.Table:
-    """One row per committed shard (flows.layout.MANIFEST_SCHEMA: shard, rows, images_url, stats_url, tar_url,
+    """One row per committed shard (flows.layout.manifest_schema: shard, rows, stats_url, images_url, tar_url,
     their SHA-256, ...), in shard order. From manifest.parquet, or from the markers when there is none or
     `fresh`. Raises FileNotFoundError when the URL holds no run."""
     out = Output(url)
@@ -53,10 +53,11 @@ def committed_shards(url: str, fresh: bool = False) -> pa.Table:
         with out.fs.open(out.path(MANIFEST), "rb") as f:
             man = pq.read_table(f)
         # a manifest from before a column existed (tar_url, ...) gets it as nulls
-        cols = [man.column(n) if n in man.column_names else pa.nulls(man.num_rows, MANIFEST_SCHEMA.field(n).type)
-                for n in MANIFEST_SCHEMA.names]
-        return pa.Table.from_arrays(cols, schema=MANIFEST_SCHEMA)
-    return pa.Table.from_pylist([manifest_row(out, m) for m in out.iter_markers()], schema=MANIFEST_SCHEMA)
+        schema = manifest_schema()
+        cols = [man.column(n) if n in man.column_names else pa.nulls(man.num_rows, schema.field(n).type)
+                for n in schema.names]
+        return pa.Table.from_arrays(cols, schema=schema)
+    return pa.Table.from_pylist([manifest_row(out, m) for m in out.iter_markers()], schema=manifest_schema())
 
 
 def open_run(url: str, columns: list[str] | None = None, fresh: bool = False) -> ds.Dataset:
@@ -96,31 +97,16 @@ def read_columns(out: Output, urls: list[str], schema: pa.Schema, names: list[st
     return ds.dataset(paths, schema=sub, format="parquet", filesystem=out.fs).to_table()
 
 
-IMAGE_COLS = ["prompt_id", "prompt", "seed", "image", "width", "height"]
-
-
 def shard_images(out: Output, row: dict) -> list[dict]:
-    """A committed shard's image rows (IMAGE_COLS, `image` as the encoded bytes or None), from its images
-    Parquet or, in a `--format webdataset` run, its tar. `row` is its committed_shards row."""
-    if row["images_url"]:
-        with out.fs.open(fsspec.core.split_protocol(row["images_url"])[1], "rb") as f:
-            rows = pq.ParquetFile(f).read(columns=IMAGE_COLS).to_pylist()
-        for r in rows:
-            r["image"] = (r["image"] or {}).get("bytes")
-        return rows
-    by_key: dict[str, dict] = {}  # the tar (flows.webdataset_shards): KEY.json the row, KEY.{png,webp,jpg} the image
-    with out.fs.open(fsspec.core.split_protocol(row["tar_url"])[1], "rb") as f, \
-            tarfile.open(fileobj=f, mode="r:") as tar:
-        for m in tar.getmembers():
-            key, ext = m.name.rsplit(".", 1)
-            data = tar.extractfile(m).read()
-            r = by_key.setdefault(key, {})
-            if ext == "json":
-                meta = json.loads(data)
-                r |= {c: meta.get(c) for c in IMAGE_COLS if c != "image"}
-            elif ext != "txt":
-                r["image"] = data
-    return [by_key[k] for k in sorted(by_key)]
+    """A committed shard's image rows (formats.parquet.IMAGE_COLS, `image` as the encoded bytes or None), read
+    back by the first format the run wrote that can (formats/: its images Parquet, else its WebDataset tar).
+    `row` is its committed_shards row."""
+    for f in FORMATS.values():
+        url = row.get(f.manifest_columns[0])
+        if url and f.read_images is not None:
+            with out.fs.open(fsspec.core.split_protocol(url)[1], "rb") as fh:
+                return f.read_images(fh)
+    raise ValueError(f"{out.url}: shard {row['shard']} has no file its images read back from")
 
 
 def read_run(url: str, samples: int = 24) -> dict:

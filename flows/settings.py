@@ -16,11 +16,11 @@ from pydantic import Field
 from ssdgen.workers.settings import WorkerSettings, option as _option
 
 from ssdgen.decoders.recipes import OBJECTIVES
+from ssdgen.formats import check_format
 
 from .audit import DEFAULT_TOLERANCE, check_audit
 from .cost import Price, price_from
 from .inputs import InputFile
-from .webdataset_shards import check_format
 
 
 DEFAULT_BATCH = 16  # prompts per decoder call of a concrete decoder when the user sets none

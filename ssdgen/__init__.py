@@ -1,8 +1,8 @@
 """ssdgen: batch image generation with speculative decoders for AR image transformers.
 
 One import namespace holds the layers, each a folder of the repository (README.md, "Layout"):
-ssdgen.decoders < ssdgen.reference < ssdgen.models < ssdgen.workers < ssdgen.storage < ssdgen.flows < ssdgen.bench
-< ssdgen.cli.
+ssdgen.decoders < ssdgen.reference < ssdgen.models < ssdgen.workers < ssdgen.storage < ssdgen.formats < ssdgen.flows
+< ssdgen.bench < ssdgen.cli.
 From Python, `ssdgen.open_run(URL)` reads a run's committed output and `ssdgen.export(URL, DIR, fmt)` copies it
 into a flat folder (flows/reader.py, flows/export.py)."""
 

@@ -36,7 +36,7 @@ def _members(data):
 
 
 def test_shard_tar_follows_img2dataset_conventions():
-    from ssdgen.flows.webdataset_shards import index_digits, shard_tar
+    from ssdgen.formats.webdataset import index_digits, shard_tar
     images, stats = _tables(3, fmt="jpeg")
     data, n = shard_tar(3, images, stats)
     files = _members(data)
@@ -51,10 +51,10 @@ def test_shard_tar_follows_img2dataset_conventions():
 
 
 def _commit(out, shard, fmt="both", attempt=None):
-    from ssdgen.flows.webdataset_shards import shard_files
+    from ssdgen.formats import write_shard
     images, stats = _tables(shard)
     attempt = attempt or out.new_attempt(shard)
-    files = shard_files(out, attempt, shard, images, stats, fmt, shard_size=4)
+    files = write_shard(out, attempt, shard, images, stats, fmt, shard_size=4)
     assert out.commit(Marker.from_dict({"shard": shard, "attempt": attempt.rsplit("/", 1)[-1], "files": files,
                                         "rows": 3, "ok": 2, "failed": 1}))
     return attempt
@@ -69,8 +69,8 @@ def _run_dir(tmp_path):
     committed = _commit(out, 0)
     losing = out.new_attempt(0)
     out.write_bytes(f"{losing}/00000.tar", b"half a tar", 1)
-    from ssdgen.flows.webdataset_shards import shard_files
-    shard_files(out, out.new_attempt(1), 1, *_tables(1), "both", 4)
+    from ssdgen.formats import write_shard
+    write_shard(out, out.new_attempt(1), 1, *_tables(1), "both", 4)
     return out, committed
 
 
@@ -102,7 +102,7 @@ def test_an_uncommitted_or_interrupted_tar_is_never_read(tmp_path):
 def test_webdataset_alone_and_export_of_a_parquet_run(tmp_path):
     import ssdgen
     from ssdgen.flows.layout import Output
-    from ssdgen.flows.webdataset_shards import shard_tar
+    from ssdgen.formats.webdataset import shard_tar
     wds_only = Output(str(tmp_path / "w"))
     wds_only.write_config({"shard_size": 4}, replacing=False)
     a = _commit(wds_only, 0, fmt="webdataset")

@@ -1,9 +1,6 @@
-"""WebDataset shards in img2dataset's layout, and which data files a shard's attempt holds for each `--format`.
-
-    --format parquet     attempt-*/images.parquet + stats.parquet
-    --format webdataset  attempt-*/{shard:05d}.tar + stats.parquet (the tar's Parquet sidecar, as img2dataset
-                         writes {shard:05d}.parquet beside each tar)
-    --format both        all three
+"""The WebDataset format: a shard as a tar in img2dataset's layout, attempt-*/{shard:05d}.tar, with its statistics
+(stats.parquet) as the tar's Parquet sidecar, as img2dataset writes {shard:05d}.parquet beside each tar; exported
+flat as {shard:05d}.tar + {shard:05d}.parquet.
 
 A tar holds one sample per ok prompt (a failed prompt has no image; its error row is in the sidecar), under the
 key {shard:05d}{index:04d}, index being the prompt's row in the shard, so keys are unique in the run and sort in
@@ -33,15 +30,11 @@ import tarfile
 
 import pyarrow as pa
 
-FORMATS = ("parquet", "webdataset", "both")
+from .parquet import IMAGE_COLS
+from .registry import Format, register
+
 EXTENSIONS = {"png": "png", "webp": "webp", "jpeg": "jpg"}  # img2dataset's (and webdataset's) extensions
 INDEX_DIGITS = 4
-
-
-def check_format(fmt: str) -> None:
-    """Reject an unknown --format (a user error, before any work starts)."""
-    if fmt not in FORMATS:
-        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
 def index_digits(shard_size: int) -> int:
@@ -84,15 +77,23 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def shard_files(out, attempt: str, shard: int, images: pa.Table, stats: pa.Table, fmt: str,
-                shard_size: int) -> list[dict]:
-    """Write a shard's data files for `fmt` under `attempt` (a folder from `Output.new_attempt`); returns their
-    records for the commit marker. Nothing here is visible to readers until the marker names it."""
-    files = []
-    if fmt != "webdataset":
-        files.append(out.write_table(f"{attempt}/images.parquet", images))
-    files.append(out.write_table(f"{attempt}/stats.parquet", stats))  # with webdataset alone: the tar's sidecar
-    if fmt != "parquet":
-        data, n = shard_tar(shard, images, stats, index_digits(shard_size))
-        files.append(out.write_bytes(f"{attempt}/{tar_name(shard)}", data, n))
-    return files
+def _read_images(f) -> list[dict]:
+    """The tar's image rows: KEY.json the row, KEY.{png,webp,jpg} the image, in key (input) order."""
+    by_key: dict[str, dict] = {}
+    with tarfile.open(fileobj=f, mode="r:") as tar:
+        for m in tar.getmembers():
+            key, ext = m.name.rsplit(".", 1)
+            data = tar.extractfile(m).read()
+            r = by_key.setdefault(key, {})
+            if ext == "json":
+                meta = json.loads(data)
+                r |= {c: meta.get(c) for c in IMAGE_COLS if c != "image"}
+            elif ext != "txt":
+                r["image"] = data
+    return [by_key[k] for k in sorted(by_key)]
+
+
+WEBDATASET = register(Format(
+    name="webdataset", kind="tar", file_name=tar_name,
+    encode=lambda shard, images, stats, shard_size: shard_tar(shard, images, stats, index_digits(shard_size)),
+    export_name=tar_name, stats_export_name=lambda shard: f"{shard:05d}.parquet", read_images=_read_images))

@@ -17,6 +17,9 @@ Figures (JSON keys):
   - per_shard_overhead_ms: the actors' time that was not decoding, per shard:
     (actors x steady-state wall - summed busy seconds) / shards. What the orchestration costs each shard.
   - actor_utilization: summed busy seconds / (actors x steady-state wall).
+  - overhead_split: the same time per shard from the sitting's markers, without startup and the run's end:
+    fed (the actor had shards queued: Ray's round trip, pickling) and starved (it had none: the driver lagged);
+    `ssdgen dev shard-overhead` times a shard's pieces one by one.
   - commit_latency_ms_mean / _max: driver time from a shard's last batch coming back to its commit marker
     being written (the write happens while the actor decodes its next shard).
   - driver_rss_mb_first_tenth / _last_tenth: the driver's mean RSS over the first and the last tenth of the
@@ -33,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 MB = 2**20
@@ -115,6 +119,35 @@ def busy_committed(out: str) -> tuple[int, float]:
     except FileNotFoundError:
         pass
     return shards, busy
+
+
+def overhead_split(out: str, since: str | None = None) -> dict:
+    """The actors' time outside busy per shard, split, from the commit markers of shards started at or after
+    `since` (an ISO time: this sitting's; None: all), per actor process:
+      - fed: the actor had shards queued but was not decoding: Ray's task round trip, (un)pickling, the result's
+        return (the markers' wall_s - busy_s: flows.scheduling charges an actor's time to its shards only while it
+        has work);
+      - starved: the actor had no shard queued (the driver did not keep it fed): its span from its first shard's
+        dispatch to its last commit, less the time charged to its shards.
+    Startup and the run's end (manifest, summary) are outside every span, so neither is in these figures."""
+    from datetime import datetime
+    from ssdgen.flows.layout import Output
+    per: dict[int, dict] = {}
+    for m in Output(out).iter_markers():
+        if not (m.started_at and m.finished_at) or since is not None and m.started_at < since:
+            continue
+        a = per.setdefault(m.actor_pid, {"shards": 0, "busy": 0.0, "wall": 0.0, "first": m.started_at,
+                                         "last": m.finished_at})
+        a["shards"] += 1
+        a["busy"], a["wall"] = a["busy"] + m.busy_s, a["wall"] + m.wall_s
+        a["first"], a["last"] = min(a["first"], m.started_at), max(a["last"], m.finished_at)
+    shards = sum(a["shards"] for a in per.values()) or 1
+    span = sum((datetime.fromisoformat(a["last"]) - datetime.fromisoformat(a["first"])).total_seconds()
+               for a in per.values())
+    busy, wall = sum(a["busy"] for a in per.values()), sum(a["wall"] for a in per.values())
+    return {"shards": shards, "actors": len(per), "fed_overhead_ms_per_shard": 1000 * (wall - busy) / shards,
+            "starved_ms_per_shard": 1000 * max(0.0, span - wall) / shards,
+            "busy_share_of_span": busy / span if span else None}
 
 
 def figures(samples: list, summary: dict, n: int, actors: int, t_start: float, t_end: float,
@@ -200,6 +233,7 @@ def run(n: int = 200_000, shard_size: int = 10, actors: int = 2, batch_size: int
             + (f"; resuming: {before} shards already committed" if before else ""))
         sampler = RssSampler(sample_s).start()
         t_start = time.perf_counter() - sampler.t0
+        since = datetime.now(timezone.utc).isoformat()
         summary = generate(RunSettings(prompts=[str(prompts)], out=str(work / "run"), model=f"reference:{model}",
                                        decoder=decoder, shard_size=shard_size, batch_size=batch_size, actors=actors),
                            progress=False)
@@ -207,6 +241,7 @@ def run(n: int = 200_000, shard_size: int = 10, actors: int = 2, batch_size: int
         time.sleep(sample_s)  # one more sample after the flow, then stop
         sampler.stop()
         res = figures(sampler.samples, summary, n, actors, t_start, t_end, before_busy)
+        res["overhead_split"] = overhead_split(str(work / "run"), since)
         res |= {"resumed_from_shards": before, "shard_size": shard_size, "batch_size": batch_size,
                 "decoder": decoder, "cpu_count": os.cpu_count(),
                 "samples": [[round(t, 2), round(d, 1), {str(k): round(v, 1) for k, v in a.items()}]
@@ -227,7 +262,9 @@ def run(n: int = 200_000, shard_size: int = 10, actors: int = 2, batch_size: int
 def brief(res: dict) -> str:
     return (f"{res['n']:,} prompts, {res['shards']:,} shards: {res['wall_s']:.1f} s, {res['images_per_s']:.0f} "
             f"images/s ({res['images_per_s_steady'] or 0:.0f} after {res['startup_s']:.1f} s startup); per-shard "
-            f"overhead {res['per_shard_overhead_ms']:.1f} ms, actor utilisation {res['actor_utilization']:.0%}; "
+            f"overhead {res['per_shard_overhead_ms']:.1f} ms (from the markers: fed "
+            f"{res['overhead_split']['fed_overhead_ms_per_shard']:.1f}, starved "
+            f"{res['overhead_split']['starved_ms_per_shard']:.1f}), actor utilisation {res['actor_utilization']:.0%}; "
             f"driver RSS {res['driver_rss_mb_first_tenth']:.0f} -> {res['driver_rss_mb_last_tenth']:.0f} MB "
             f"(peak {res['driver_peak_rss_mb']:.0f}), actors' peak "
             + ", ".join(f"{m:.0f}" for m in res["actor_peak_rss_mb"]) + " MB")

@@ -24,8 +24,8 @@ PANELS = {
                            "eval-heads", "decoders", "models"),
 }
 DEV = ("train-reference", "train-scorer", "eval-scorer", "tokenizer-report", "figures", "bench-plan",
-       "bench-pipeline", "bench-scaling", "bench-scale", "formats", "shape-replay", "projection-check", "host-time",
-       "screenshot", "eval-set")
+       "bench-pipeline", "bench-scaling", "bench-scale", "shard-overhead", "formats", "shape-replay",
+       "projection-check", "host-time", "screenshot", "eval-set")
 DEV_PANEL = "Maintainers"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,

@@ -76,6 +76,21 @@ def bench_scaling_cmd(sides: str = typer.Option("8,16,32", help="grid sides n"),
         json_path.write_text(json.dumps(res, indent=1))
 
 
+@app.command("shard-overhead")
+@friendly
+def shard_overhead_cmd(shards: int = typer.Option(40, help="shards to time (the first warms up and is left out)"),
+                       shard_size: int = typer.Option(256, help="rows per shard (= the batch: one task per shard)"),
+                       json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
+    """Where a shard's overhead goes, piece by piece, as bench-scale runs a shard: the driver's reads, pickling,
+    tables, writes and commit; the actor's unpickling, decoding and pickling; Ray's own per task."""
+    from ssdgen.bench.shard_overhead import brief, run
+    res = run(shards=shards, shard_size=shard_size, log=typer.echo)
+    typer.echo(brief(res))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
+        typer.echo(f"wrote {json_path}")
+
+
 @app.command("bench-scale")
 @friendly
 def bench_scale_cmd(n: int = typer.Option(200_000, help="prompts"),

@@ -232,7 +232,7 @@ def test_a_driver_that_loses_the_lease_mid_shard_leaves_no_attempt(tmp_path, mon
 
     out.fence = fence
     monkeypatch.setattr(commit, "shard_marker", lambda job, cfg, spec: ({"shard": 0}, None, None, None))
-    monkeypatch.setattr(commit, "shard_files", files)
+    monkeypatch.setattr(commit, "write_shard", files)
     with pytest.raises(LeaseLost):
         commit.Commit(SimpleNamespace(format="parquet", shard_size=4), out, "ar").write(
             SimpleNamespace(shard=SimpleNamespace(id=0)), time.perf_counter())

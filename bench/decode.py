@@ -12,7 +12,7 @@ forward, waste (query tokens computed in both CFG rows per committed token), lat
 
 Cost: `usd_per_1k_images` = device-seconds per image x on-demand $ per device-hour / 3600 x 1000, from the
 user's price (`--prices`, `--usd-per-hour`) or the `--device-type` row of the shipped table
-(`flows.cost`). A device is what the row prices: on a CPU type a vCPU, and the bench is billed
+(`output.cost`). A device is what the row prices: on a CPU type a vCPU, and the bench is billed
 `torch.get_num_threads()` of them; on a GPU type, one GPU.
 
 Forward accounting (for `bench.projection`): every `start` (prefill) and `step` (one forward) the decoder
@@ -214,8 +214,8 @@ def model_info(model) -> dict:
 
 def resolve_device(device: str, device_type: str, price=None):
     """(torch device, Price, devices billed). Rejects a device type that does not price this device. `price`:
-    the user's (flows.cost); default: the shipped table's row for `device_type`."""
-    from ssdgen.flows.cost import price_for
+    the user's (output.cost); default: the shipped table's row for `device_type`."""
+    from ssdgen.output.cost import price_for
     price = price or price_for(device_type)  # unknown types: ValueError listing the known ones
     dev = torch.device(device)  # a malformed device string raises RuntimeError
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -266,7 +266,7 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
     """`rounds` (>= 1; 3 or more for an interval) times every cell; `warmup` decodes one prompt per decoder first,
     untimed (allocator, thread pool; CUDA/cuBLAS start-up). A device-calibrated spec is resolved at each batch
     size first, as a run is once (`plan_rows`, `plan_spec`, `calibration_s`, `plan_measured` in its row), so the
-    timed batches decode by the resolved spec. `price`: a flows.cost.Price (default: `device_type`'s row).
+    timed batches decode by the resolved spec. `price`: a output.cost.Price (default: `device_type`'s row).
     `quality_decoders`: the decoder specs to score for quality (default: all); lossless decoders sample AR's
     distribution by construction (tested exactly and statistically), so a run may spend its time elsewhere."""
     from ssdgen.bench.load import LoadMonitor

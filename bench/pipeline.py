@@ -25,7 +25,7 @@ def run(n: int = 128, decoder: str = "ar", batch_size: int = 16, threads: int = 
     import torch
     from ssdgen.decoders import build
     from ssdgen.decoders.spec import DecodeSpec
-    from ssdgen.flows.inputs import derive_seed
+    from ssdgen.inputs.files import derive_seed
     from ssdgen.flows.pipeline import RunSettings, generate
     from ssdgen.reference.prompts import eval_prompts
     from ssdgen.models.registry import load_model

@@ -41,8 +41,8 @@ def peak_rss_mb():
     except OSError:  # not Linux: ru_maxrss (KB on Linux, bytes on macOS; Linux never gets here)
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 t0 = time.perf_counter()
-from ssdgen.flows.inputs import list_inputs
-from ssdgen.flows.plan import ShardPlan
+from ssdgen.inputs.files import list_inputs
+from ssdgen.inputs.plan import ShardPlan
 t1 = time.perf_counter()
 files = list_inputs([sys.argv[1]])
 t2 = time.perf_counter()

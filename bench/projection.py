@@ -6,7 +6,7 @@ Inputs
     forward, tau = grid tokens / forwards), forwards per batch (a batch runs until its slowest sample ends),
     and query tokens fed per row and forward (1 for ar, the window L for sjd/csd, the drafted rows for ssd);
   - an accelerator (`ACCELERATORS`: memory bandwidth, peak dense bf16 FLOP/s, memory, with sources; the price
-    is the `flows/prices.csv` row of the same name, one GPU);
+    is the `output/prices.csv` row of the same name, one GPU);
   - a model (`MODELS`: parameters, layers, width, KV width, prompt tokens, bytes per value) and a token grid.
 
 Method (per forward of a batch of b images, c = 2 rows per image with CFG, else 1; R = b*c rows)
@@ -31,7 +31,7 @@ Assumptions (stated in every result under "assumptions"):
     reached in full (bw_eff = flops_eff = 1 unless given), attention-score FLOPs (4 * layers * ctx * width per
     token: ~5% of 2*params at 7B/48x48's mean context, 9% at its end), activation traffic and KV writes left out;
   - one image per CFG pair of rows; a batch larger than the KV cap is reported as not fitting (no throughput);
-  - price: on-demand $ per GPU-hour from flows/prices.csv; VQ decoding of tokens to pixels is not counted.
+  - price: on-demand $ per GPU-hour from output/prices.csv; VQ decoding of tokens to pixels is not counted.
 
 `bench.projection_check.calibrate(bench)` applies the same method to the bench's own model on this CPU, with this
 CPU's bandwidth and FLOP/s measured by a torch copy / matmul microbenchmark, and reports the error of the predicted
@@ -55,7 +55,7 @@ class Accelerator:
     peak_flops: float  # FLOP/s, dense bf16 tensor (or what the device runs the model in)
     mem_bytes: float
     source: str
-    price_row: str | None = None  # device_type in flows/prices.csv
+    price_row: str | None = None  # device_type in output/prices.csv
 
 
 ACCELERATORS: dict[str, Accelerator] = {
@@ -342,7 +342,7 @@ ASSUMPTIONS = [
     "(efficiency 1.0) unless given: the projected throughput is an upper bound.",
     "CFG doubles the rows of every forward and the KV cache per image; a batch is capped by the KV cache that "
     f"fits in {MEM_UTIL:.0%} of device memory beside the weights.",
-    "One GPU at its on-demand price from flows/prices.csv; VQ decoding to pixels and I/O are not counted.",
+    "One GPU at its on-demand price from output/prices.csv; VQ decoding to pixels and I/O are not counted.",
     "Each decoder's best batch is searched over powers of two up to its KV cap, the cap itself and the given "
     "batch sizes (only batches that fit are chosen; equal throughputs go to the smaller batch); 'memory cap' "
     "means no larger batch fits, so memory, not the roofline, stopped it. Statistics above the largest measured "
@@ -352,7 +352,7 @@ ASSUMPTIONS = [
 
 def project(bench: dict, accelerators: list[str], models: list[tuple[str, int]], batch_sizes: list[int],
             cfg: bool = True, rf: Roofline = Roofline()) -> dict:
-    from ssdgen.flows.cost import price_for
+    from ssdgen.output.cost import price_for
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise ValueError(f"batch sizes must be integers >= 1, got {batch_sizes}")
     unknown = [a for a in accelerators if a not in ACCELERATORS]

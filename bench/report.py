@@ -8,7 +8,7 @@ attempts are never read. No model, no Prefect, no Ray.
 The page: the run's settings and counts; a sample grid of images with their prompts; acceptance heatmaps
 (each image beside itself tinted by the stored `commit_map`: one colour per commit code) and the mean
 acceptance per token position over all images; histograms of forwards per image and acceptance rate; the
-cost table (`flows.cost.cost_table` on summary.json, or on the markers when the run has no summary yet; at the
+cost table (`output.cost.cost_table` on summary.json, or on the markers when the run has no summary yet; at the
 price the run recorded, or recomputed at the user's --prices / --usd-per-hour);
 failed samples counted by reason and by message, one by one, and failed shards.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ssdgen.decoders.sample_stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
-from ssdgen.flows.layout import plan_words
-from ssdgen.flows.reader import read_run
+from ssdgen.output.layout import plan_words
+from ssdgen.output.reader import read_run
 from ssdgen.workers.results import UNRECORDED
 
 from . import plots
@@ -39,7 +39,7 @@ SPECULATED = (COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED)  # committed withou
 
 
 def load_run(url: str, samples: int = 24) -> dict:
-    """Everything the report shows, from the one reader of a run's output (flows.reader.read_run)."""
+    """Everything the report shows, from the one reader of a run's output (output.reader.read_run)."""
     return read_run(url, samples)
 
 
@@ -124,8 +124,8 @@ def _tile(png: bytes, caption: str, extra: str = "") -> str:
 def _cost(run: dict, prices: dict) -> tuple[list[dict], str]:
     """The cost table and a note saying what it is from; at the user's `prices` (price_from's keyword
     arguments) when given, else at the run's recorded price."""
-    from ssdgen.flows.cost import cost_table, price_words, reprice, run_summary
-    from ssdgen.flows.reader import view_price
+    from ssdgen.output.cost import cost_table, price_words, reprice, run_summary
+    from ssdgen.output.reader import view_price
     s = run["summary"]
     if s and s.get("price"):
         if not any(v is not None for v in prices.values()):
@@ -146,7 +146,7 @@ def _cost(run: dict, prices: dict) -> tuple[list[dict], str]:
 
 def build_html(run: dict, samples: int = 24, prices: dict | None = None) -> str:
     """The page: header, plan and damage notes, then one section per part (samples, heatmaps, histograms, cost,
-    failures); the cost at the user's `prices` (flows.cost.price_from's keyword arguments) when given."""
+    failures); the cost at the user's `prices` (output.cost.price_from's keyword arguments) when given."""
     stats = run["stats"]
     ok = [r for r in stats if r["status"] == "ok"]
     bad = [r for r in stats if r["status"] != "ok"]
@@ -261,7 +261,7 @@ def _short(p, n: int = 120):
 def write_report(url: str, html_path, samples: int = 24, prices: str | None = None, usd_per_hour=None,
                  spot_usd_per_hour=None) -> dict:
     """Write the page; its cost at the run's recorded price, or at the user's (--prices, --usd-per-hour)."""
-    from ssdgen.flows.cost import check_price_options
+    from ssdgen.output.cost import check_price_options
     if samples < 1:
         raise ValueError(f"--samples must be >= 1, got {samples}")
     price_options = {"prices": prices, "usd_per_hour": usd_per_hour, "spot_usd_per_hour": spot_usd_per_hour}

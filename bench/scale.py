@@ -111,7 +111,7 @@ def write_inputs(work: Path, n: int) -> tuple[Path, Path]:
 def busy_committed(out: str) -> tuple[int, float]:
     """(shards, actor busy seconds) over the shards already committed at `out`: a resumed segment's own work is
     the summary's totals less these."""
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     shards, busy = 0, 0.0
     try:
         for m in Output(out).iter_markers():
@@ -131,7 +131,7 @@ def overhead_split(out: str, since: str | None = None) -> dict:
         dispatch to its last commit, less the time charged to its shards.
     Startup and the run's end (manifest, summary) are outside every span, so neither is in these figures."""
     from datetime import datetime
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     per: dict[int, dict] = {}
     for m in Output(out).iter_markers():
         if not (m.started_at and m.finished_at) or since is not None and m.started_at < since:

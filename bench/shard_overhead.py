@@ -59,10 +59,10 @@ def _ray_round_trip(rows: list[dict], result_blob: bytes, tries: int) -> list[fl
 
 
 def run(shards: int = 40, shard_size: int = 256, workdir: str | None = None, log=print) -> dict:
-    from ssdgen.flows.inputs import list_inputs
-    from ssdgen.flows.layout import Output, shard_tables
-    from ssdgen.flows.marker import Marker
-    from ssdgen.flows.plan import ShardPlan, read_shard
+    from ssdgen.inputs.files import list_inputs
+    from ssdgen.output.layout import Output, shard_tables
+    from ssdgen.output.marker import Marker
+    from ssdgen.inputs.plan import ShardPlan, read_shard
     from ssdgen.flows.settings import RunSettings
     from ssdgen.formats import write_shard
     from ssdgen.workers.decode_worker import DecodeWorker

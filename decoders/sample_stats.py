@@ -1,5 +1,5 @@
 """A sample's decoding statistics: the one definition of each statistic, torch-free, so the flow that writes
-`stats.parquet` derives its columns from here (flows/layout.py STATS_SCHEMA) without loading torch. A field with a
+`stats.parquet` derives its columns from here (output/layout.py STATS_SCHEMA) without loading torch. A field with a
 `column` (an Arrow type's name) is a column of the stats table; `tokens_per_forward` and `waste`, computed, are
 columns too.
 Adding a statistic touches this class and the `Tally` that counts it (stats.py), nothing else.

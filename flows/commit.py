@@ -1,7 +1,7 @@
 """Writing and committing a shard, on an I/O thread: the shard's tables and marker, its files under a new
-attempt key, then the create-only commit of the marker (flows.layout), so a shard commits exactly once however
+attempt key, then the create-only commit of the marker (output.layout), so a shard commits exactly once however
 many attempts wrote it. The run's lease guard is called right before each commit, and the output's fence before
-every write: a driver whose lease was taken over must write nothing more (flows.lease), and removes the attempts
+every write: a driver whose lease was taken over must write nothing more (output.lease), and removes the attempts
 it had begun; nor may an aborted run commit. Kept apart from the window
 (flows.dispatch) because none of this touches the window's state: it runs on the I/O threads, and only its
 outcome comes back, as an event."""
@@ -16,10 +16,10 @@ from datetime import datetime, timezone
 from ssdgen.formats import write_shard
 from ssdgen.workers.results import UNRECORDED
 
-from .audit import AUDIT_FILE, audit_table, shard_audit
-from .layout import MARKER, Output, shard_tables
-from .lease import LeaseLost
-from .marker import Marker
+from ssdgen.output.audit import AUDIT_FILE, audit_table, shard_audit
+from ssdgen.output.layout import MARKER, Output, shard_tables
+from ssdgen.output.lease import LeaseLost
+from ssdgen.output.marker import Marker
 from .ticket import is_transient
 
 WRITE_TRIES = 3  # a failed PUT is retried in place: re-decoding a shard for a storage hiccup wastes the devices

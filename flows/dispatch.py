@@ -19,14 +19,14 @@ from __future__ import annotations
 import queue
 import threading
 
+from ssdgen.inputs.plan import Shard
+from ssdgen.output.layout import Output
+from ssdgen.output.lease import LeaseLost
+from ssdgen.output.marker import Marker
 from .actor_health import Health, is_death
 from .commit import Commit
 from .events import Abort, Admit, Batch, Probe, Read, Stop, Written
 from .io_pool import IOPool
-from .layout import Output
-from .lease import LeaseLost
-from .marker import Marker
-from .plan import Shard
 from .scheduling import Scheduler
 from .ticket import Ticket
 from .window import Job, Window
@@ -40,7 +40,7 @@ class Dispatcher:
     def __init__(self, cfg, files, out: Output, actors: list, done: bytearray, log, restart_wait_s: float,
                  bar=None, decoder: str | None = None, guard=None):
         """decoder: the run's resolved spec text (flows.pipeline), sent with every batch. guard: called before
-        every commit; it raises when the run may no longer commit (its lease was taken over, flows.lease)."""
+        every commit; it raises when the run may no longer commit (its lease was taken over, output.lease)."""
         self.cfg, self.done, self.bar = cfg, done, bar
         self.events: queue.Queue = queue.Queue()
         self.sched = Scheduler(actors, cfg, decoder, self.events.put)

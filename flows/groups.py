@@ -20,9 +20,9 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
+from ssdgen.inputs.plan import ShardPlan
 from .dispatch import Dispatcher
 from .ticket import Ticket, is_transient
-from .plan import ShardPlan
 
 TARGET_TASK_RUNS = 100  # group task runs per run: enough to follow progress and retry in parts, few for the API
 

@@ -11,7 +11,7 @@ While the run is still starting (Ray, model loads, calibration), the first signa
 (every wait on Ray is one, a quarter second at a time).
 From the first signal on, Prefect's console output is dropped (it goes on to the API): the user asked to stop,
 and the line above is the answer. Committed shards are safe at any point: every file is written whole or not at
-all (flows.layout), and a shard counts only once its marker exists.
+all (output.layout), and a shard counts only once its marker exists.
 """
 
 from __future__ import annotations

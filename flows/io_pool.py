@@ -13,13 +13,13 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
-from .audit import mark_rows
+from ssdgen.inputs.plan import read_shard
+from ssdgen.inputs.row_reader import RowReader
+from ssdgen.output.audit import mark_rows
 from .events import Read, Written
-from .plan import read_shard
-from .row_reader import RowReader
 
 # how far behind its newest row a cursor still serves a shard, in shards: group tasks and I/O threads admit and
-# read the window's shards a little out of order (flows.row_reader)
+# read the window's shards a little out of order (inputs.row_reader)
 KEEP_SHARDS = 16
 
 

@@ -24,7 +24,7 @@ format and quality, output format) are recorded in `_config.json`; a resume with
 A device-calibrated decoder (`calibrated=true`, ssd+csd's default) has its rows decided once, by one actor before
 the first shard, and recorded in `_plan.json`: every actor, retry and resume decodes by that plan.
 
-`--audit FRACTION` (flows/audit.py) also scores a deterministic sample of the prompts against an `ar` sample
+`--audit FRACTION` (output/audit.py) also scores a deterministic sample of the prompts against an `ar` sample
 under the target; its rows are committed with their shard, and its cost is a line of its own.
 """
 
@@ -43,22 +43,22 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from tqdm import tqdm
 
-from .audit import audit_rows
-from .audit import summarize as audit_summary, warning as audit_warning
-from .cost import Price, cost_table, run_summary
+from ssdgen.inputs.files import InputError, InputFile
+from ssdgen.inputs.plan import ShardPlan, read_shard
+from ssdgen.output.audit import audit_rows
+from ssdgen.output.audit import summarize as audit_summary, warning as audit_warning
+from ssdgen.output.cost import Price, cost_table, run_summary
+from ssdgen.output.layout import CONFIG, PLAN, SUMMARY, Output, plan_words
+from ssdgen.output.lease import LEASE_DIR, Lease
+from ssdgen.output.reader import MarkerFold, plan_summary, read_plan_at
+from ssdgen.output.verify import set_aside
+from ssdgen.storage.store import StorageError
 from . import cluster
 from .dispatch import Dispatcher
-from .settings import DEFAULT_BATCH, RunSettings
 from .groups import RunContext, run_groups
-from .inputs import InputError, InputFile
 from .interrupts import Interrupted, StopSignals
-from .layout import CONFIG, PLAN, SUMMARY, Output, plan_words
-from ssdgen.storage.store import StorageError
-from .lease import LEASE_DIR, Lease
 from .prepare import Prepared, check_output, clear, describe, output_size, prepare
-from .verify import set_aside
-from .reader import MarkerFold, plan_summary, read_plan_at
-from .plan import ShardPlan, read_shard
+from .settings import DEFAULT_BATCH, RunSettings
 
 # How long a shard waits for its actor's restart. After a node loss the restart waits for free resources: an
 # autoscaler's new GPU node takes minutes, and until then every call to the actor fails at once.
@@ -226,7 +226,7 @@ def _audit(cfg: RunSettings, out: Output, committed: dict, price: Price) -> dict
 
 
 def execute(cfg: RunSettings, progress: bool = True, overwrite: bool = False) -> dict:
-    """The run: checks (flows.prepare), then under the output's lease (flows.lease) the settings are recorded,
+    """The run: checks (flows.prepare), then under the output's lease (output.lease) the settings are recorded,
     damaged shards set aside, the pending shards decoded and committed, and the manifest and summary written."""
     log = get_run_logger()
     t0 = time.perf_counter()
@@ -325,7 +325,7 @@ def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict
 
 def _final_write(out: Output, write, shards: int, *args) -> str:
     """The manifest's or the summary's write (already retried through transient faults, storage.retry); when it
-    still fails, one line that says the commits are safe and how the files come back (flows.converge)."""
+    still fails, one line that says the commits are safe and how the files come back (output.converge)."""
     try:
         return write(*args)
     except OSError as e:

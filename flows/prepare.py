@@ -3,7 +3,7 @@ and what is already committed. The CLI calls it first, so a mistake costs one `e
 and a run with nothing to do ends in a second; the flow calls it again (a deployment has no CLI in front).
 
 Nothing here writes: the writes (config, setting damaged shards aside, overwrite) happen in the flow, under the
-output's lease (flows.lease).
+output's lease (output.lease).
 """
 
 from __future__ import annotations
@@ -14,17 +14,19 @@ from dataclasses import dataclass, field
 
 import fsspec
 
-from .converge import stale
-from .cost import Price
+from ssdgen.inputs.files import (InputFile, check_seeds, check_unique_prompt_ids, is_pattern, list_inputs,
+                                 with_identities)
+from ssdgen.inputs.plan import ShardPlan
+from ssdgen.output.converge import stale
+from ssdgen.output.cost import Price
+from ssdgen.output.layout import CONFIG, Output
+from ssdgen.output.lease import Lease
+from ssdgen.output.marker import MarkerDigest
+from ssdgen.output.verify import Damage, damaged_shards
 from ssdgen.storage.endpoints import check_bucket
-from .inputs import InputFile, check_seeds, check_unique_prompt_ids, is_pattern, list_inputs, with_identities
-from .layout import CONFIG, Output
 from ssdgen.storage.store import StorageError
-from .lease import Lease
-from .marker import MarkerDigest
-from .plan import ShardPlan
 from .settings import RunSettings
-from .verify import Damage, damaged_shards
+
 
 @dataclass
 class Prepared:
@@ -36,7 +38,7 @@ class Prepared:
     done: bytearray  # done[i] == 1: shard i is committed (and passed the cheap check)
     damaged: list[Damage] = field(default_factory=list)
     changed: str | None = None  # settings a run that committed nothing will take anew
-    stale: str | None = None  # with nothing to decode: why the manifest or summary lags the markers (flows.converge)
+    stale: str | None = None  # with nothing to decode: why the manifest or summary lags the markers (output.converge)
 
     @property
     def pending(self) -> int:

@@ -18,9 +18,9 @@ from ssdgen.workers.settings import WorkerSettings, option as _option
 from ssdgen.decoders.recipes import OBJECTIVES
 from ssdgen.formats import check_format
 
-from .audit import DEFAULT_TOLERANCE, check_audit
-from .cost import Price, price_from
-from .inputs import InputFile
+from ssdgen.inputs.files import InputFile
+from ssdgen.output.audit import DEFAULT_TOLERANCE, check_audit
+from ssdgen.output.cost import Price, price_from
 
 
 DEFAULT_BATCH = 16  # prompts per decoder call of a concrete decoder when the user sets none
@@ -123,7 +123,7 @@ class RunSettings(WorkerSettings):
         """What `_config.json` holds: everything that decides which images come out, and the output format (a
         resume must not mix shards with and without tars). Every key always, whatever its value. No credentials.
         Not the prices (--prices, --usd-per-hour): they decide no image, so a resume may change them; the run
-        records its price in _price.json (flows.layout) instead."""
+        records its price in _price.json (output.layout) instead."""
         keys = ("model", "seed", "shard_size", "batch_size", "audit", "audit_tolerance", "image_format", "quality",
                 "format", "dtype")
         # png ignores --quality: recorded as null there, so another --quality resumes a png run

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 
+from ssdgen.inputs.plan import Shard
 from .events import Admit, Stop
-from .plan import Shard
 from .ticket import Ticket
 
 

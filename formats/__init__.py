@@ -7,7 +7,7 @@ manifest columns it adds, how its images read back and how it exports:
 
 Every shard also has its statistics (stats.parquet, the tar's sidecar in img2dataset's layout). `--format` takes
 a registered name, or `both` (parquet and webdataset). A new format is one module that builds a `Format` and
-calls `register`; nothing in flows/ names a format.
+calls `register`; nothing in output/ or flows/ dispatches on a format's name.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Parquet format: a shard's image rows as `images.parquet` (flows/layout.py IMAGES_SCHEMA: the image as the
+"""The Parquet format: a shard's image rows as `images.parquet` (output/layout.py IMAGES_SCHEMA: the image as the
 struct Hugging Face `datasets` reads as its Image feature, the token grid, the prompt and the provenance), its
 statistics beside it; exported as images/{shard:05d}.parquet and stats/{shard:05d}.parquet."""
 

@@ -15,7 +15,7 @@ BOTH = ("parquet", "webdataset")  # what `--format both` writes
 
 @dataclass(frozen=True)
 class Format:
-    """One output format. `kind` is the file kind its marker records (flows.marker: a file's stem, or its
+    """One output format. `kind` is the file kind its marker records (output.marker: a file's stem, or its
     extension when the stem is the shard number) and names its manifest columns ({kind}_url, {kind}_sha256)."""
 
     name: str  # the --format value

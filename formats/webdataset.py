@@ -12,7 +12,7 @@ input order:
                                    height, and the sample's statistics (the stats.parquet row; NaN as null)
 
 The tar is written, like the Parquet files, under the attempt's unique key and named by the shard's commit
-marker (flows.layout): a reader that follows the marker or the manifest's `tar_url` sees exactly one complete
+marker (output.layout): a reader that follows the marker or the manifest's `tar_url` sees exactly one complete
 tar per committed shard, never a retried shard's half-written one. `ssdgen export --format webdataset` copies
 the committed tars into one flat folder ({shard:05d}.tar + {shard:05d}.parquet) for loaders that glob a folder.
 
@@ -48,7 +48,7 @@ def tar_name(shard: int) -> str:
 
 
 def shard_tar(shard: int, images: pa.Table, stats: pa.Table, digits: int = INDEX_DIGITS) -> tuple[bytes, int]:
-    """A shard's images and statistics tables (flows.layout.shard_tables) -> (the tar's bytes, samples in it)."""
+    """A shard's images and statistics tables (output.layout.shard_tables) -> (the tar's bytes, samples in it)."""
     stats_of = {r["prompt_id"]: r for r in stats.to_pylist()}
     buf = io.BytesIO()
     n = 0

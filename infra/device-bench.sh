@@ -9,7 +9,7 @@
 # needs only numpy, safetensors, scipy, tqdm, pillow, matplotlib, typer, fsspec and pyarrow besides torch (no
 # Prefect, no Ray): the ones missing are pip-installed, and the repo is put on PYTHONPATH rather than
 # `pip install -e .` (pyproject pins Python 3.11; GPU images often ship another Python).
-# DEVICE_TYPE is the flows/prices.csv row (h100, h200, a100-40gb, l4, a10g); default: from nvidia-smi's name.
+# DEVICE_TYPE is the output/prices.csv row (h100, h200, a100-40gb, l4, a10g); default: from nvidia-smi's name.
 #
 # Sizing: a probe decodes one prompt with each decoder on the GPU (a smoke test: a decoder that fails on CUDA
 # is left out, with its error in OUTDIR/probe.log) and times it; n and quality_n are then picked so the
@@ -78,7 +78,7 @@ if [ -z "$DT" ]; then
         *A100*) DT=a100-40gb ;;
         *A10G*) DT=a10g ;;
         *L4*) DT=l4 ;;
-        *) echo "error: no price row for GPU '$GPU'; pass DEVICE_TYPE (one of flows/prices.csv's device_type)" >&2
+        *) echo "error: no price row for GPU '$GPU'; pass DEVICE_TYPE (one of output/prices.csv's device_type)" >&2
            exit 2 ;;
     esac
 fi

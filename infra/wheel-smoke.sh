@@ -56,7 +56,7 @@ import sys
 from pathlib import Path
 import pyarrow.parquet as pq
 import ssdgen
-from ssdgen.flows.cost import DEFAULT_PRICES, load_prices
+from ssdgen.output.cost import DEFAULT_PRICES, load_prices
 from ssdgen.reference.prompts import EXAMPLES_PARQUET
 root, where = Path(sys.argv[1]).resolve(), Path(ssdgen.__file__).resolve()
 if root in where.parents:

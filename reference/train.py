@@ -23,9 +23,9 @@ from tqdm import tqdm
 
 from ssdgen.decoders.spec import DecodeSpec
 
-from .figures import learning_curve_plot
-from .evaluate import generate  # imported up front: a long run must not pick up code edited while it trains
 from ssdgen.reference.model import ReferenceModel
+from .evaluate import generate  # imported up front: a long run must not pick up code edited while it trains
+from .figures import learning_curve_plot
 from .prompts import eval_prompts
 from .scorer import load_scorer, score
 from .train_data import build_dataset, cached_tokenized_set

@@ -4,7 +4,7 @@ One import namespace holds the layers, each a folder of the repository (README.m
 ssdgen.decoders < ssdgen.reference < ssdgen.models < ssdgen.workers < ssdgen.storage < ssdgen.formats < ssdgen.flows
 < ssdgen.bench < ssdgen.cli.
 From Python, `ssdgen.open_run(URL)` reads a run's committed output and `ssdgen.export(URL, DIR, fmt)` copies it
-into a flat folder (flows/reader.py, flows/export.py)."""
+into a flat folder (output/reader.py, output/export.py)."""
 
 import os as _os
 
@@ -23,9 +23,9 @@ for _name, _value in QUIET_DEFAULTS.items():
 def __getattr__(name: str):
     # lazy: `import ssdgen.decoders` (every actor, every CLI start) must not import pyarrow and the flows
     if name == "export":
-        from ssdgen.flows.export import export
+        from ssdgen.output.export import export
         return export
     if name in __all__:
-        from ssdgen.flows import reader
+        from ssdgen.output import reader
         return getattr(reader, name)
     raise AttributeError(f"module 'ssdgen' has no attribute {name!r}")

@@ -9,5 +9,5 @@
 - `retry.py`: every write retried through transient faults with backoff and jitter, up to a deadline.
 - `endpoints.py`: an S3 endpoint that was never reached, or refused the credentials, said as such.
 
-flows/ builds the run's layout (flows/layout.py's Output), its lease and its commits on these.
+output/ builds the run's layout (output/layout.py's Output), its lease and its commits on these.
 """

@@ -5,7 +5,7 @@ store (a full disk, no permission) as one `StorageError` naming the URL. Object 
 Every write and delete is retried through transient faults (throttling, 5xx, resets) up to a deadline
 (storage.retry).
 
-A run's Output carries a fence (its driver's lease check, flows.lease): every write and delete here calls it
+A run's Output carries a fence (its driver's lease check, output.lease): every write and delete here calls it
 first, so a driver that lost its lease changes nothing more.
 """
 
@@ -117,7 +117,7 @@ class Store:
     @retried
     def write_bytes(self, path: str, data: bytes, rows: int) -> dict:
         """One PUT of a whole file (visible all at once, or not at all); returns its record for the marker: its
-        size, SHA-256 and what the store can check cheaply later (flows.verify): the MD5 an S3 ETag is, and a
+        size, SHA-256 and what the store can check cheaply later (output.verify): the MD5 an S3 ETag is, and a
         local file's mtime."""
         self._fenced()
         self._parent(path)

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 from pipeline_helpers import eval_rows, write_parquet
 
-from ssdgen.flows.audit import AUDIT_FILE, audit_table, is_audited, mark_rows, summarize, warning
-from ssdgen.flows.marker import Marker
+from ssdgen.output.audit import AUDIT_FILE, audit_table, is_audited, mark_rows, summarize, warning
+from ssdgen.output.marker import Marker
 
 
 def test_selection_is_deterministic_and_takes_about_the_fraction():
@@ -74,8 +74,8 @@ def _rows(gaps, start=0):
 
 
 def test_summary_reads_only_committed_audit_rows_and_costs_them_apart(tmp_path):
-    from ssdgen.flows.cost import price_for
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.cost import price_for
+    from ssdgen.output.layout import Output
     out = Output(str(tmp_path / "run"))
     rng = np.random.default_rng(0)
     _commit(out, 0, _rows(0.4 + 0.05 * rng.standard_normal(20)), 3.0)
@@ -97,7 +97,7 @@ def test_summary_reads_only_committed_audit_rows_and_costs_them_apart(tmp_path):
 
 def _audit_files(fs, out):
     """prompt_id -> how many committed audit rows hold it, and the committed audit files' (path, sha256)."""
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     o = Output(out)
     counts, files = {}, []
     for m in o.committed().values():
@@ -119,7 +119,7 @@ def _cli(*args):
 @pytest.mark.usefixtures("prefect_server", "local_ray")
 def test_s3_audit_rows_are_committed_once_and_a_resume_does_not_audit_again(s3, tmp_path):
     from faults import crash_driver
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     from ssdgen.reference.tiny import tiny_model
     tiny_model(tmp_path / "tiny")  # 4x4 tokens: a csd run is seconds
     rows = eval_rows(12)
@@ -157,7 +157,7 @@ def test_s3_audit_rows_are_committed_once_and_a_resume_does_not_audit_again(s3, 
 
 def _check_rows(fs, out, chosen):
     """Audit rows carry the image's seed, the reference seed, the target NLLs and the forwards."""
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     o = Output(out)
     man = pq.read_table(fs.open(o.path("manifest.parquet"), "rb")).to_pylist()
     assert all(m["audit_url"] for m in man)

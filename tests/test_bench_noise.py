@@ -137,12 +137,12 @@ def test_a_real_bench_of_ar_against_ar(tmp_path):
 
 
 def test_the_bench_costs_at_the_users_price_and_says_so(tmp_path):
-    """--usd-per-hour through flows.cost.price_from: every $ figure is devices x price / 3.6 / images/s, and the
+    """--usd-per-hour through output.cost.price_from: every $ figure is devices x price / 3.6 / images/s, and the
     JSON and the page name where the price came from."""
     from ssdgen.bench.decode import bench
     from ssdgen.bench.plots import bench_html
     from ssdgen.decoders.spec import DecodeSpec
-    from ssdgen.flows.cost import price_from
+    from ssdgen.output.cost import price_from
     from ssdgen.reference.tiny import tiny_model
     m = tiny_model(tmp_path / "tiny")
     price = price_from("cpu", usd_per_hour="100")

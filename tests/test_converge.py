@@ -1,5 +1,5 @@
 """The manifest and summary converge to the commit markers, and every write rides out transient faults
-(flows/converge.py, storage/retry.py, flows/marker.py's MarkerDigest). Fast unit tests first; then real runs as an
+(output/converge.py, storage/retry.py, output/marker.py's MarkerDigest). Fast unit tests first; then real runs as an
 operator meets the faults: an S3 store (moto behind tests/s3_proxy.py) that throttles longer than botocore's own
 retries, or refuses every final write, and a bit flip that kept a file's size and mtime."""
 
@@ -12,9 +12,9 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from ssdgen.flows.converge import stale
-from ssdgen.flows.layout import SUMMARY, Output
-from ssdgen.flows.marker import Marker, MarkerDigest
+from ssdgen.output.converge import stale
+from ssdgen.output.layout import SUMMARY, Output
+from ssdgen.output.marker import Marker, MarkerDigest
 from ssdgen.storage.retry import retrying, transient_io
 from ssdgen.storage.store import StorageError
 

@@ -1,4 +1,4 @@
-"""flows/cost.py: the shipped price table, its parser's errors, and run accounting by hand."""
+"""output/cost.py: the shipped price table, its parser's errors, and run accounting by hand."""
 
 import dataclasses
 import datetime as dt
@@ -11,9 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from ssdgen.flows.cost import (COLUMNS, DEFAULT_PRICES, Price, cost_table, load_prices, price_for,
-                        render_cost_table, run_summary, shard_cost)
+from ssdgen.output.cost import (
+    COLUMNS,
+    DEFAULT_PRICES,
+    Price,
+    cost_table,
+    load_prices,
+    price_for,
+    render_cost_table,
+    run_summary,
+    shard_cost,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = ",".join(COLUMNS)
@@ -50,9 +58,9 @@ GOOD_ROW = "x1,gpu,8,x1.big,2.5,1.0,https://example.com/p,2026-01-02"
 # ------------------------------------------------------------------------------- the price table
 
 def test_default_prices_path_is_the_package_table():
-    # package data next to flows/cost.py, so an installed wheel has it (pyproject ships it; infra/wheel-smoke.sh)
-    assert DEFAULT_PRICES == REPO / "flows" / "prices.csv"
-    assert '"ssdgen.flows" = ["prices.csv"]' in (REPO / "pyproject.toml").read_text()
+    # package data next to output/cost.py, so an installed wheel has it (pyproject ships it; infra/wheel-smoke.sh)
+    assert DEFAULT_PRICES == REPO / "output" / "prices.csv"
+    assert '"ssdgen.output" = ["prices.csv"]' in (REPO / "pyproject.toml").read_text()
     assert DEFAULT_PRICES.is_file()
     assert DEFAULT_PRICES.read_text().splitlines()[0] == HEADER
 
@@ -270,7 +278,7 @@ def test_cost_table_rows():
 
 @pytest.mark.integration
 def test_cost_module_is_pure_python():
-    code = ("import sys, flows.cost; "
+    code = ("import sys, output.cost; "
             "print([m for m in ('ray', 'prefect', 'torch', 'numpy') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          check=True)

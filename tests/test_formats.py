@@ -8,9 +8,9 @@ import pytest
 from pipeline_helpers import eval_rows, run_flow, write_parquet
 from test_webdataset import _tables
 
-from ssdgen.flows.layout import Output, manifest_schema
-from ssdgen.flows.marker import Marker, file_kind
 from ssdgen.formats import FORMATS, check_format, register, write_shard
+from ssdgen.output.layout import Output, manifest_schema
+from ssdgen.output.marker import Marker, file_kind
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def _commit(out, shard, fmt):
 
 def test_a_registered_format_is_written_listed_read_back_and_exported(tmp_path, jsonl):
     import ssdgen
-    from ssdgen.flows.reader import committed_shards, shard_images
+    from ssdgen.output.reader import committed_shards, shard_images
     assert FORMATS["jsonl"] is jsonl and file_kind("shards/000000/attempt-x/00000.jsonl") == "jsonl"
     check_format("jsonl")  # --format takes it
     assert {"jsonl_url", "jsonl_sha256", "images_url", "tar_url"} <= set(manifest_schema().names)

@@ -30,7 +30,7 @@ def test_there_are_the_expected_infra_files():
     names = {p.name for p in INFRA.iterdir()}
     assert {"prefect.yaml", "kuberay-raycluster.yaml", "ray-cluster.yaml", "prefect-worker.yaml", "Dockerfile",
             "wheel-smoke.sh"} <= names
-    assert "prices.csv" not in names  # package data now (flows/prices.csv): a second copy here would drift
+    assert "prices.csv" not in names  # package data now (output/prices.csv): a second copy here would drift
 
 
 def _no_inline_secrets(containers: list[dict]) -> None:
@@ -96,7 +96,7 @@ def test_ray_cluster_launcher_config_has_head_and_l4_workers():
                for t in workers)
     for t in workers:
         assert 0 <= t["min_workers"] <= t["max_workers"] <= c["max_workers"]
-    from ssdgen.flows.cost import load_prices
+    from ssdgen.output.cost import load_prices
     assert load_prices()["l4"].instance_type == "g6.xlarge"  # the price row the workers are costed by
     assert any("ssdgen" in cmd and "install" in cmd for cmd in c["setup_commands"])
 
@@ -189,8 +189,8 @@ def test_dockerfile_installs_the_project_as_the_makefile_does_for_runtime():
 
 
 def test_prices_load_and_cover_every_device_type_the_deployments_use():
-    from ssdgen.flows.cost import load_prices
-    prices = load_prices()  # the shipped table, flows/prices.csv
+    from ssdgen.output.cost import load_prices
+    prices = load_prices()  # the shipped table, output/prices.csv
     used = {dep["parameters"]["settings"].get("device_type", "cpu") for dep in _deployments()}
     assert used <= set(prices), used - set(prices)
     for dep in _deployments():

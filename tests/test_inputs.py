@@ -1,4 +1,4 @@
-"""Input listing/validation (flows.inputs) and shard planning/reading (flows.plan), on local files."""
+"""Input listing/validation (inputs.files) and shard planning/reading (inputs.plan), on local files."""
 
 import hashlib
 import json
@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from ssdgen.flows.inputs import (InputError, InputFile, check_unique_prompt_ids, derive_prompt_id, derive_seed,
+from ssdgen.inputs.files import (InputError, InputFile, check_unique_prompt_ids, derive_prompt_id, derive_seed,
                           list_inputs)
-from ssdgen.flows.plan import Piece, Shard, ShardPlan, read_shard
+from ssdgen.inputs.plan import Piece, Shard, ShardPlan, read_shard
 
 
 def plan_shards(files, shard_size):

@@ -1,5 +1,5 @@
-"""Inputs pinned to the content a run recorded at its start (flows.pinned), read in bounded record batches
-(flows.row_reader), and odd inputs and outputs: glob characters in a path that exists, an output whose URL holds
+"""Inputs pinned to the content a run recorded at its start (inputs.pinned), read in bounded record batches
+(inputs.row_reader), and odd inputs and outputs: glob characters in a path that exists, an output whose URL holds
 brackets, spaces, '#', '%' and unicode, seeds that do not fit an int64. Local files here; the S3 runs on moto and
 the end-to-end runs of every command are in tests/test_inputs_pinned_runs.py."""
 
@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from ssdgen.flows.inputs import InputError, list_inputs, with_identities
-from ssdgen.flows.plan import ShardPlan, read_shard
+from ssdgen.inputs.files import InputError, list_inputs, with_identities
+from ssdgen.inputs.plan import ShardPlan, read_shard
 
 ODD = "br[1] a#b%20c é"  # brackets (a glob's character class), a space, '#', '%' and unicode
 TWIN = "br1 a#b%20c é"   # what `br[1]` matches as a glob
@@ -53,8 +53,8 @@ def test_a_local_file_rewritten_in_place_fails_the_next_read_with_one_line_namin
 
 
 def test_a_file_changed_under_an_open_cursor_gives_no_row_of_the_new_text(tmp_path, monkeypatch):
-    from ssdgen.flows import row_reader
-    from ssdgen.flows.row_reader import RowReader
+    from ssdgen.inputs import row_reader
+    from ssdgen.inputs.row_reader import RowReader
     monkeypatch.setattr(row_reader, "BATCH_ROWS", 4)
     p = write(tmp_path / "p.parquet", {"prompt": texts("old")})  # one row group of 40
     files = pinned(p)
@@ -68,8 +68,8 @@ def test_a_file_changed_under_an_open_cursor_gives_no_row_of_the_new_text(tmp_pa
 
 
 def test_shards_read_out_of_order_by_threads_decode_a_row_group_about_once(tmp_path, monkeypatch):
-    from ssdgen.flows import row_reader
-    from ssdgen.flows.row_reader import RowReader
+    from ssdgen.inputs import row_reader
+    from ssdgen.inputs.row_reader import RowReader
     monkeypatch.setattr(row_reader, "BATCH_ROWS", 8)
     p = write(tmp_path / "p.parquet", {"prompt": texts("a", 600), "prompt_id": [f"id{i}" for i in range(600)]},
               row_group_size=300)
@@ -111,8 +111,8 @@ def test_a_path_with_glob_characters_that_exists_is_read_as_written(tmp_path):
 
 def _commit(out, shard: int) -> None:
     """A committed shard of one row, as the flow writes it."""
-    from ssdgen.flows.layout import shard_tables
-    from ssdgen.flows.marker import Marker
+    from ssdgen.output.layout import shard_tables
+    from ssdgen.output.marker import Marker
     from ssdgen.workers.results import Sample
     images, stats = shard_tables({f"s{shard}": Sample(f"s{shard}", "ok", latency_s=0.1)},
                                  [{"prompt_id": f"s{shard}", "prompt": "x", "seed": 1}], "ar", "tiny")
@@ -125,9 +125,9 @@ def _commit(out, shard: int) -> None:
 
 
 def test_an_output_with_glob_characters_lists_reads_and_deletes_only_its_own_files(tmp_path):
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     from ssdgen.flows.prepare import clear
-    from ssdgen.flows.verify import damaged_shards
+    from ssdgen.output.verify import damaged_shards
     out, twin = Output(str(tmp_path / ODD)), Output(str(tmp_path / TWIN))
     for s in (0, 2):
         _commit(out, s)
@@ -163,7 +163,7 @@ def test_seeds_that_do_not_fit_an_int64_are_refused_before_the_run_naming_the_ro
     with pytest.raises(InputError) as e:
         prepare(RunSettings(prompts=(str(big),), out=str(tmp_path / "run"), decoder="ar"))
     assert str(e.value) == line
-    from ssdgen.flows.inputs import check_seeds
+    from ssdgen.inputs.files import check_seeds
     check_seeds(pinned(fits))  # uint64 seeds that fit are fine
     r = CliRunner().invoke(app, ["generate", "--prompts", str(big), "--out", str(tmp_path / "run"), "--decoder", "ar"])
     assert r.exit_code == 2 and r.stderr.strip() == f"error: {line}", r.output

@@ -1,6 +1,6 @@
 """Real runs (moto's S3 server, a local Ray, Prefect's test server, the tiny model) for inputs pinned at the run's
-start, odd paths through every command, and the driver's memory on long prompts (flows/pinned.py,
-flows/row_reader.py; the fast tests are in tests/test_inputs_pinned.py)."""
+start, odd paths through every command, and the driver's memory on long prompts (inputs/pinned.py,
+inputs/row_reader.py; the fast tests are in tests/test_inputs_pinned.py)."""
 
 import logging
 import os
@@ -48,7 +48,7 @@ def _parquet(rows) -> bytes:
 
 def _overwrite_after_first_commit(monkeypatch, fs, key: str, data: bytes) -> list:
     """Replace the prompts object right after the run's first shard commits; returns [that shard] once done."""
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     orig, done, lock = Output.commit, [], threading.Lock()
 
     def commit(self, marker):

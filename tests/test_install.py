@@ -73,7 +73,7 @@ def _folder(pkg: str, dirs: dict) -> str:
 
 def test_every_data_file_in_the_packages_ships_in_the_wheel():
     """A file next to the code that no package-data pattern matches is missing from the wheel, and whatever
-    reads it fails only after `pip install .` (as flows/cost.py's price table did)."""
+    reads it fails only after `pip install .` (as output/cost.py's price table did)."""
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     package_of = {_folder(pkg, conf.get("package-dir", {})): pkg for pkg in conf["packages"]}
     roots = {folder.split("/")[0] for folder in package_of}
@@ -81,7 +81,7 @@ def test_every_data_file_in_the_packages_ships_in_the_wheel():
                            capture_output=True, text=True, check=True).stdout.splitlines()
     data = [f for f in files if Path(f).parts[0] in roots and not f.endswith(".py") and (ROOT / f).is_file()
             and not any(fnmatch.fnmatch(f, p) for p in NOT_SHIPPED)]
-    assert "flows/prices.csv" in data and "reference/weights/gpt.safetensors" in data
+    assert "output/prices.csv" in data and "reference/weights/gpt.safetensors" in data
     loose = [f for f in data if str(Path(f).parent) not in package_of]
     assert not loose, f"data files in a folder that is no listed package (add it to packages): {loose}"
     unshipped = [f for f in data if not any(fnmatch.fnmatch(Path(f).name, p)

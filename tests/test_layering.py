@@ -1,8 +1,8 @@
 """The dependency rules the README states, checked on the source. The layers are one order,
-decoders < reference < models < workers < storage < formats < flows < bench < cli, each a package of the `ssdgen`
-namespace: a module imports only its own layer and those below it. The decoding algorithms are pure torch, only
-the CLI imports Typer, nothing imports a layer by a bare top-level name (`import flows`), and no module imports
-itself back through others. Imports inside functions count too. There is no exception list."""
+decoders < reference < models < workers < storage < inputs < formats < output < flows < bench < cli, each a package
+of the `ssdgen` namespace: a module imports only its own layer and those below it. The decoding algorithms are pure
+torch, only the CLI imports Typer, nothing imports a layer by a bare top-level name (`import flows`), and no module
+imports itself back through others. Imports inside functions count too. There is no exception list."""
 
 import ast
 from pathlib import Path
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ("decoders", "reference", "models", "workers", "storage", "formats", "flows", "bench", "cli")
+ORDER = ("decoders", "reference", "models", "workers", "storage", "inputs", "formats", "output", "flows", "bench",
+         "cli")
 FOLDERS = {layer: ROOT / layer for layer in ORDER[:-1]} | {"cli": ROOT / "ssdgen" / "cli"}
 STORAGE = {"fsspec", "s3fs", "pyarrow", "boto3"}
 SERVICES = {"ray", "prefect", "prefect_ray"}
@@ -21,7 +22,9 @@ THIRD_PARTY = {
     "models": SERVICES | STORAGE | {"typer"},
     "workers": {"prefect", "prefect_ray", "fsspec", "s3fs", "typer"},
     "storage": SERVICES | {"torch", "typer"},
+    "inputs": SERVICES | {"torch", "typer"},
     "formats": SERVICES | {"torch", "typer"},
+    "output": SERVICES | {"typer"},
     "flows": {"typer"},
     "bench": {"typer"},
 }

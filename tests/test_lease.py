@@ -1,4 +1,4 @@
-"""The output's lease (flows/lease.py): one driver per output, on a local disk and on moto's S3 server (behind the
+"""The output's lease (output/lease.py): one driver per output, on a local disk and on moto's S3 server (behind the
 fault proxy where an answer gets lost); holders judged on the observer's clock; fencing of a driver that lost it.
 """
 
@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from ssdgen.flows.layout import Output
-from ssdgen.flows.lease import LEASE_DIR, Lease, LeaseHeld, LeaseLost
-from ssdgen.flows.marker import Marker
+from ssdgen.output.layout import Output
+from ssdgen.output.lease import LEASE_DIR, Lease, LeaseHeld, LeaseLost
+from ssdgen.output.marker import Marker
 
 
 def _dead_pid() -> int:
@@ -172,8 +172,8 @@ def test_a_hard_exit_gives_the_lease_back(tmp_path):
     takeover."""
     import subprocess
     import sys
-    code = ("import sys\nfrom ssdgen.flows.interrupts import hard_exit\nfrom ssdgen.flows.layout import Output\n"
-            "from ssdgen.flows.lease import Lease\n"
+    code = ("import sys\nfrom ssdgen.flows.interrupts import hard_exit\nfrom ssdgen.output.layout import Output\n"
+            "from ssdgen.output.lease import Lease\n"
             "lease = Lease(Output(sys.argv[1])).acquire()\n"
             "hard_exit(15, lambda: 'interrupted: 0/1 shards committed', [lease.give_back])\n")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,

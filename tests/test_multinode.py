@@ -67,7 +67,7 @@ def _markers(out):
     """shard -> commit marker. On a local disk a marker being written can be seen empty for a moment (the
     create-only open comes before the write), so a read during a run retries."""
     import json
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     for _ in range(50):
         try:
             return Output(str(out)).committed()

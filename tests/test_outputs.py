@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from pipeline_helpers import eval_rows, write_parquet
 
-from ssdgen.flows.marker import Marker
+from ssdgen.output.marker import Marker
 
 MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "webp": b"RIFF", "jpeg": b"\xff\xd8\xff"}
 
@@ -45,7 +45,7 @@ def test_bad_format_or_quality_is_a_user_error():
 
 def _shard(tmp_path, fmt="webp"):
     """One committed-style images.parquet written by the layout code: two ok images and one error row."""
-    from ssdgen.flows.layout import Output, shard_tables
+    from ssdgen.output.layout import Output, shard_tables
     from ssdgen.workers.decode_worker import encode_image
     from ssdgen.workers.results import Sample
     rows = [{"prompt_id": f"p{i}", "prompt": f"prompt {i}", "seed": i} for i in range(3)]
@@ -85,7 +85,7 @@ def test_plain_readers_need_no_project_code(tmp_path):
 
 
 def test_image_format_and_quality_are_recorded_settings():
-    from ssdgen.flows.inputs import InputFile
+    from ssdgen.inputs.files import InputFile
     from ssdgen.flows.pipeline import RunSettings
     files = [InputFile("file:///x.parquet", 3, (3,), 100, True, False)]
     png = RunSettings(prompts=("x",)).recorded(files)
@@ -127,8 +127,8 @@ def test_cli_duplicate_ids_across_files_one_error_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.integration
 def test_cli_output_with_other_settings_one_error_line(tmp_path):
-    from ssdgen.flows.inputs import list_inputs, with_identities
-    from ssdgen.flows.layout import Output
+    from ssdgen.inputs.files import list_inputs, with_identities
+    from ssdgen.output.layout import Output
     from ssdgen.flows.pipeline import RunSettings
     src = tmp_path / "p.parquet"
     write_parquet(None, src, eval_rows(2))

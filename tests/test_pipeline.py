@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("prefect_server", "local_ray")
 def test_s3_run_with_killed_actors_and_failed_writes_commits_each_prompt_once_with_identical_images(s3,
                                                                                                    monkeypatch):
     from ssdgen.flows import pipeline as flows_pipeline
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     monkeypatch.setattr(flows_pipeline, "ACTOR_RESTART_WAIT_S", 180)  # a restart that cannot happen fails fast
     rows = _prompts(256)
     _write(s3, "ssdgen-test/in/part-0.parquet", rows[:128])
@@ -49,7 +49,7 @@ def test_s3_run_with_killed_actors_and_failed_writes_commits_each_prompt_once_wi
 
 
 def test_a_driver_killed_mid_run_then_rerun_runs_only_the_missing_shards(tmp_path):
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     src = tmp_path / "prompts.parquet"
     rows = _prompts(24)
     _write(None, src, rows)
@@ -96,8 +96,8 @@ def test_bad_rows_become_error_rows_and_the_shard_commits(tmp_path):
 def test_prompts_the_model_cannot_draw_are_error_rows_counted_by_reason(tmp_path):
     """Issue #33: the reference model drew these from an empty or partial caption and committed them as ok."""
     from ssdgen.bench.report import write_report
-    from ssdgen.flows.layout import SUMMARY, Output
-    from ssdgen.flows.reader import run_status
+    from ssdgen.output.layout import SUMMARY, Output
+    from ssdgen.output.reader import run_status
     odd = {"japanese": ("大きな赤い円が中央にある", "no_known_words"), "emoji": ("🔴🟦🌈", "no_known_words"),
            "digits": ("12345", "no_known_words"), "punctuation": ("!!! ... ???", "no_known_words"),
            "whitespace": (" \t ", "empty"), "no-background": ("a large red circle at the center", "grammar")}
@@ -124,7 +124,7 @@ def test_prompts_the_model_cannot_draw_are_error_rows_counted_by_reason(tmp_path
 
 
 def test_input_errors_name_the_file_and_commit_nothing(tmp_path, s3):
-    from ssdgen.flows.inputs import InputError
+    from ssdgen.inputs.files import InputError
     bad = tmp_path / "bad.parquet"
     _write(None, bad, [{"text": "a"}], pa.schema([("text", pa.string())]))
     with pytest.raises(InputError, match=r"bad\.parquet.*prompt"):
@@ -142,7 +142,7 @@ def test_input_errors_name_the_file_and_commit_nothing(tmp_path, s3):
 def test_bad_credentials_get_a_clear_error_without_the_secret(s3, tmp_path, monkeypatch):
     import moto.settings
     import s3fs
-    from ssdgen.flows.inputs import InputError
+    from ssdgen.inputs.files import InputError
     _write(s3, "ssdgen-test/in/p.parquet", _prompts(2))
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-4c1b9")
     monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # moto now checks signatures
@@ -183,7 +183,7 @@ def _artifact_texts() -> list[bytes]:
 
 
 def test_resume_with_other_settings_is_refused(tmp_path):
-    from ssdgen.flows.layout import ConfigMismatch
+    from ssdgen.output.layout import ConfigMismatch
     src = tmp_path / "p.parquet"
     _write(None, src, _prompts(2))
     _run(prompts=[str(src)], out=str(tmp_path / "run"), shard_size=2, batch_size=2, actors=1)
@@ -213,7 +213,7 @@ def test_output_reads_with_pandas_polars_duckdb_and_ray_data(tmp_path):
 
 
 def test_status_reports_done_pending_and_cost(tmp_path):
-    from ssdgen.flows.reader import run_status
+    from ssdgen.output.reader import run_status
     src = tmp_path / "p.parquet"
     _write(None, src, _prompts(4))
     out = str(tmp_path / "run")
@@ -228,7 +228,7 @@ def test_a_calibrated_decoder_decides_once_and_a_rerun_replays_the_plan(tmp_path
     `_plan.json` records the spec's text with its measurements; a shard lost and rerun on fresh actors decodes by
     the recorded spec to the same tokens, and a spec put there by hand is what decodes (no second calibration)."""
     import fsspec
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     src, out = tmp_path / "p.parquet", tmp_path / "run"
     _write(None, src, _prompts(8))
     kw = dict(prompts=[str(src)], out=str(out), decoder="ssd+csd", shard_size=4, batch_size=4, actors=1)
@@ -263,8 +263,8 @@ def test_each_row_records_the_resolved_spec_that_decoded_it_and_that_spec_reprod
     tokens."""
     import fsspec
     from ssdgen.decoders.spec import DecodeSpec
-    from ssdgen.flows.layout import Output
-    from ssdgen.flows.reader import run_status
+    from ssdgen.output.layout import Output
+    from ssdgen.output.reader import run_status
     src, out = tmp_path / "p.parquet", tmp_path / "run"
     _write(None, src, _prompts(8))
     kw = dict(prompts=[str(src)], out=str(out), decoder="ssd+csd", shard_size=4, batch_size=4, actors=1)

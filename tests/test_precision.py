@@ -11,8 +11,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from ssdgen.decoders import decode  # noqa: E402
-from ssdgen.decoders.sampling import processed_probs  # noqa: E402
 from ssdgen.decoders.recipes import SamplingConfig
+from ssdgen.decoders.sampling import processed_probs  # noqa: E402
 from ssdgen.decoders.ssd_train import DistillConfig, draft_acceptance, train_heads  # noqa: E402
 from ssdgen.models.registry import load_model, resolve_dtype  # noqa: E402
 from test_decoders import PROMPTS  # noqa: E402
@@ -42,7 +42,7 @@ def test_fp16_on_the_cpu_and_unknown_names_are_refused_in_one_line():
 
 
 def test_the_flow_checks_records_and_hands_its_dtype_to_the_actors():
-    from ssdgen.flows.inputs import InputFile
+    from ssdgen.inputs.files import InputFile
     from ssdgen.flows.pipeline import RunSettings
     with pytest.raises(ValueError, match="fp16 is not supported on the CPU"):
         RunSettings(prompts=("x",), dtype="fp16").check()

@@ -66,8 +66,8 @@ def test_the_resolved_text_alone_reproduces_a_calibrated_decode_in_a_fresh_proce
 
 
 def test_the_worker_records_the_resolved_text_and_decodes_by_the_text_it_is_sent(tmp_path, monkeypatch):
-    from ssdgen.flows.layout import plan_words
-    from ssdgen.flows.reader import plan_summary
+    from ssdgen.output.layout import plan_words
+    from ssdgen.output.reader import plan_summary
     from ssdgen.workers.decode_worker import DecodeWorker
     from ssdgen.workers.settings import WorkerSettings
     tiny = tiny_with_heads(tmp_path / "t")

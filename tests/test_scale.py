@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ssdgen.flows.inputs import InputFile, list_inputs
-from ssdgen.flows.plan import Piece, Shard, ShardPlan, read_shard
-from ssdgen.flows.row_reader import RowReader
-from ssdgen.flows.marker import Marker
+from ssdgen.inputs.files import InputFile, list_inputs
+from ssdgen.inputs.plan import Piece, Shard, ShardPlan, read_shard
+from ssdgen.inputs.row_reader import RowReader
+from ssdgen.output.marker import Marker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def test_row_reader_reads_the_same_rows_and_stays_bounded(tmp_path):
 
 
 def _commit(out, shard: int, attempts: int = 1) -> None:
-    from ssdgen.flows.layout import shard_tables
+    from ssdgen.output.layout import shard_tables
     rows = [{"prompt_id": f"s{shard}", "prompt": "x", "seed": 1}]
     from ssdgen.workers.results import Sample
     images, stats = shard_tables({f"s{shard}": Sample(f"s{shard}", "ok", latency_s=0.1)}, rows, "ar", "tiny")
@@ -83,8 +83,8 @@ def _commit(out, shard: int, attempts: int = 1) -> None:
 
 
 def test_markers_stream_into_ids_summary_manifest_and_gc(tmp_path):
-    from ssdgen.flows.cost import price_for, run_summary
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.cost import price_for, run_summary
+    from ssdgen.output.layout import Output
     out = Output(str(tmp_path / "run"))
     for s in (0, 2, 3, 11):
         _commit(out, s, attempts=2 if s == 3 else 1)

@@ -39,9 +39,9 @@ def test_each_backend_declares_its_guarantees():
 
 
 def test_a_store_without_exclusive_create_is_refused_for_markers_and_the_lease():
-    from ssdgen.flows.layout import Output
-    from ssdgen.flows.lease import Lease
-    from ssdgen.flows.marker import Marker
+    from ssdgen.output.layout import Output
+    from ssdgen.output.lease import Lease
+    from ssdgen.output.marker import Marker
     register()
     NoCreateFS.store.clear()
     out = Output("nocreatetest://bucket/run")

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("decoders", "reference", "models", "workers", "storage", "formats", "flows", "bench", "ssdgen")
+FOLDERS = ("decoders", "reference", "models", "workers", "storage", "inputs", "formats", "output", "flows", "bench",
+           "ssdgen")
 LIMITS = {"file": 500, "function": 60, "class": 200}
 
 

@@ -1,4 +1,4 @@
-"""The user's prices (flows/cost.py `price_from`): --prices FILE and --usd-per-hour / --spot-usd-per-hour, on
+"""The user's prices (output/cost.py `price_from`): --prices FILE and --usd-per-hour / --spot-usd-per-hour, on
 generate, status and report. Fast: the resolution, its one-line errors and the arithmetic; integration: one tiny
 run costed at the user's price, viewed at the price it recorded and at another, and resumed at another."""
 
@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ssdgen.cli.app import app
-from ssdgen.flows.cost import (COLUMNS, DEFAULT_PRICES, Price, cost_table, load_prices, price_from, recorded_price,
+from ssdgen.output.cost import (COLUMNS, DEFAULT_PRICES, Price, cost_table, load_prices, price_from, recorded_price,
                                reprice, run_summary)
 
 CUSTOM = "my-box,gpu,4,on-prem rack 7,0.8,0.3,our finance sheet,2026-01-05"
@@ -171,7 +171,7 @@ def test_a_run_records_the_users_price_and_views_recompute_at_another(tmp_path):
     from pipeline_helpers import eval_rows, run_flow, write_parquet
 
     from ssdgen.bench.report import write_report
-    from ssdgen.flows.reader import run_status
+    from ssdgen.output.reader import run_status
     src, out = tmp_path / "p.parquet", tmp_path / "run"
     write_parquet(None, src, eval_rows(4))
     kw = dict(prompts=[str(src)], out=str(out), shard_size=2, batch_size=2, actors=1)

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from ssdgen.decoders import decode
-from ssdgen.decoders.sample_stats import stat_columns
 from ssdgen.decoders.recipes import SamplingConfig
+from ssdgen.decoders.sample_stats import stat_columns
 from test_decoders import PROMPTS
 from tiny import tiny_with_heads
 
@@ -103,7 +103,7 @@ def test_waste_is_a_stats_column(tiny):
 
 
 def test_the_stats_table_holds_the_waste_column(tiny):
-    from ssdgen.flows.layout import STATS_SCHEMA, shard_tables
+    from ssdgen.output.layout import STATS_SCHEMA, shard_tables
     from ssdgen.workers.results import Sample
     assert STATS_SCHEMA.field("waste").type.equals(pa.float64())
     assert STATS_SCHEMA.field("tokens_fed").type.equals(pa.int32())

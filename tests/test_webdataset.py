@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 from pipeline_helpers import eval_rows, run_flow, write_parquet
 
-from ssdgen.flows.marker import Marker
+from ssdgen.output.marker import Marker
 
 
 def _tables(shard, n=3, fmt="webp", failed=(2,)):
     """A shard's images and stats tables as the flow builds them: n prompts, the ones in `failed` error rows."""
-    from ssdgen.flows.layout import shard_tables
+    from ssdgen.output.layout import shard_tables
     from ssdgen.workers.decode_worker import encode_image
     rows = [{"prompt_id": f"s{shard}-p{i}", "prompt": f"prompt {shard}.{i}", "seed": i} for i in range(n)]
     pixels = np.random.default_rng(shard).integers(0, 256, (16, 16, 3), dtype=np.uint8)
@@ -63,7 +63,7 @@ def _commit(out, shard, fmt="both", attempt=None):
 def _run_dir(tmp_path):
     """A run where shard 0 committed, a retry of shard 0 died mid-write (half a tar, no marker) and shard 1 was
     written but never committed (the driver died before its marker)."""
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     out = Output(str(tmp_path / "run"))
     out.write_config({"shard_size": 4}, replacing=False)
     committed = _commit(out, 0)
@@ -101,7 +101,7 @@ def test_an_uncommitted_or_interrupted_tar_is_never_read(tmp_path):
 
 def test_webdataset_alone_and_export_of_a_parquet_run(tmp_path):
     import ssdgen
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     from ssdgen.formats.webdataset import shard_tar
     wds_only = Output(str(tmp_path / "w"))
     wds_only.write_config({"shard_size": 4}, replacing=False)
@@ -119,7 +119,7 @@ def test_webdataset_alone_and_export_of_a_parquet_run(tmp_path):
 
 def test_report_reads_the_images_of_a_webdataset_only_run(tmp_path):
     from ssdgen.bench.report import load_run
-    from ssdgen.flows.layout import Output
+    from ssdgen.output.layout import Output
     out = Output(str(tmp_path / "w"))
     out.write_config({"shard_size": 4}, replacing=False)
     _commit(out, 0, fmt="webdataset")
@@ -131,7 +131,7 @@ def test_report_reads_the_images_of_a_webdataset_only_run(tmp_path):
 
 
 def test_format_is_validated_and_recorded():
-    from ssdgen.flows.inputs import InputFile
+    from ssdgen.inputs.files import InputFile
     from ssdgen.flows.pipeline import RunSettings
     with pytest.raises(ValueError, match="--format must be one of parquet, webdataset, both"):
         RunSettings(prompts=("x",), format="zip").check()

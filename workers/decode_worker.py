@@ -10,7 +10,7 @@ Per-sample failures never fail the batch: a row that arrives with an error, a pr
 sample whose decoding raises becomes an error row. The batch is decoded together (one decoder call) when it
 can be; only if that call raises are the samples retried one by one to isolate the culprit.
 
-Rows the flow marked for the fidelity audit (`audit_seed`, see flows/audit.py) are also scored under the
+Rows the flow marked for the fidelity audit (`audit_seed`, see output/audit.py) are also scored under the
 target and decoded again with `ar`, after the batch and on their own clock, so the audit is costed apart.
 """
 
@@ -211,7 +211,7 @@ class DecodeWorker:
                            self.take_load_seconds(), self.where)
 
     def _audit(self, rows: list[dict], out: dict[str, Sample]) -> tuple[list[dict], float]:
-        """Audit the decoded rows the flow marked with an `audit_seed` (flows.audit): the target's NLL per token
+        """Audit the decoded rows the flow marked with an `audit_seed` (output.audit): the target's NLL per token
         of the tokens just decoded, and of an `ar` sample of the same prompts from the audit seed. Returns the
         audit rows (without the decoder label, which the flow adds) and the audit's seconds."""
         todo = [r for r in rows if r.get("audit_seed") is not None and out[r["prompt_id"]].ok]

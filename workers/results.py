@@ -3,7 +3,7 @@
 A `Sample` is one prompt's outcome (its image bytes, token grid and statistics, or its error); a `BatchResult`
 holds a batch's samples keyed by prompt_id (in the batch's order), with the batch's busy time, its audit rows and
 the actor's load time and whereabouts. The flow pairs each sample with its input row by prompt_id
-(flows.layout.shard_tables), never by position.
+(output.layout.shard_tables), never by position.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 # error_reason codes of the rows the pipeline itself fails; a refused prompt's come from the model
 # (decoders/protocol.py: empty, no_known_words, unknown_words, too_long, grammar, invalid_prompt)
-BAD_INPUT = "bad_input"  # the input row itself: a null prompt, invalid UTF-8 (flows.plan)
+BAD_INPUT = "bad_input"  # the input row itself: a null prompt, invalid UTF-8 (inputs.plan)
 DECODE_FAILED = "decode_failed"  # the decoder raised on this sample
 UNRECORDED = "unrecorded"  # a row that failed with no reason recorded: a run from before reasons existed
 
@@ -44,7 +44,7 @@ class Sample:
 class BatchResult:
     samples: dict[str, Sample]  # prompt_id -> sample, in the batch's order
     busy_s: float  # the batch's decode and encode, without the audit
-    audit: list[dict] = field(default_factory=list)  # flows.audit's rows for the rows marked to audit
+    audit: list[dict] = field(default_factory=list)  # output.audit's rows for the rows marked to audit
     audit_s: float = 0.0
     load_s: float = 0.0  # this actor incarnation's model load, on its first batch only
     worker: dict = field(default_factory=dict)  # {pid, node_id, device}: where it ran

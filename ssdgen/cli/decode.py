@@ -93,7 +93,7 @@ def _echo_bench(res: dict) -> None:
     for w in (res.get("load") or {}).get("warnings", []):
         typer.echo(f"warning: busy machine: {w}")
     if (res.get("price") or {}).get("unit"):
-        from ssdgen.flows.cost import price_words
+        from ssdgen.output.cost import price_words
         typer.echo(f"price: {price_words(res['price'])} x {res.get('devices')} {res['price']['unit']}(s)")
     typer.echo("best batch per decoder (the most images/s among the batch sizes measured; latency at batch 1)")
     _echo_table(BEST_COLS, res.get("best", []))
@@ -156,7 +156,7 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd",
     _check_counts(n, quality_n, fidelity_n, quality_batch, rounds)
     check_args(specs, sizes)  # all argument errors before the model loads
     chosen = specs_of(quality_decoders) if quality_decoders else None
-    from ssdgen.flows.cost import price_from
+    from ssdgen.output.cost import price_from
     price = price_from(device_type, prices, usd_per_hour, spot_usd_per_hour)  # bad values: one line, before the load
     resolve_device(device, device_type, price)
     res = bench(model_on(model, device, dtype), specs, n, sizes, quality_n, seed=seed, log=typer.echo,

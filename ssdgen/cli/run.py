@@ -30,7 +30,7 @@ def generate(settings: RunSettings,
 def _run(cfg, overwrite: bool, progress: bool) -> None:
     """Check everything before Prefect or Ray start (flows.prepare); end at once when nothing is left to do and
     the manifest and summary name every commit; else run the flow (which decodes what is pending and rebuilds
-    both, flows.converge) and print its summary."""
+    both, output.converge) and print its summary."""
     from ssdgen.flows.prepare import output_size, prepare
     prep = prepare(cfg, overwrite)
     if overwrite and (found := output_size(prep.out))[0]:
@@ -48,7 +48,7 @@ def _run(cfg, overwrite: bool, progress: bool) -> None:
 
 def _nothing_to_do(prep) -> None:
     """Every shard is committed and passed the check: say so and show the run's recorded totals, unchanged."""
-    from ssdgen.flows.layout import SUMMARY
+    from ssdgen.output.layout import SUMMARY
     typer.echo(f"nothing to do: all {len(prep.plan)} shards of {prep.out.url} are committed and their files "
                "check out (ssdgen verify reads them all back)")
     if (recorded := prep.out.read_json(SUMMARY)) is not None:
@@ -72,18 +72,18 @@ def _by_decoder(s: dict) -> str | None:
 
 
 def _print_summary(s: dict) -> None:
-    from ssdgen.flows.cost import cost_table
+    from ssdgen.output.cost import cost_table
     typer.echo(f"shards {s['shards_committed']}/{s['shards_total']} committed ({s['shards_run_now']} this run); "
                f"images ok {s['images_ok']}, failed {s['images_failed']}")
     for line in (_by_reason(s), _by_decoder(s)):
         if line is not None:
             typer.echo(f"  {line}")
-    from ssdgen.flows.audit import audit_rows, warning
+    from ssdgen.output.audit import audit_rows, warning
     for r in cost_table(s) + audit_rows(s.get("audit")):
         typer.echo(f"  {r['metric']:<34} {r['value']}")
     if (w := warning(s.get("audit"))) is not None:
         typer.echo(f"WARNING: {w}", err=True)
-    from ssdgen.flows.layout import plan_words
+    from ssdgen.output.layout import plan_words
     if (how := plan_words(s.get("decode_plan"))) is not None:  # a fall-back to plain AR is said, never silent
         typer.echo(f"decode plan (decided once for this run, _plan.json): {how}")
     if s.get("shards_redecoded"):
@@ -117,7 +117,7 @@ def serve(settings: RunSettings, cron: str = typer.Option("0 2 * * *", help="sch
 
 
 def _price_option(name: str):
-    """A view's price option (status, report): the run setting's flag and help, read as text (flows.cost checks it)."""
+    """A view's price option (status, report): the run setting's flag and help, read as text (output.cost checks it)."""
     return typer.Option(None, "--" + name.replace("_", "-"), help=RunSettings.model_fields[name].description)
 
 
@@ -130,8 +130,8 @@ def status(url: str = typer.Argument(..., help="a run's output URL"),
            spot_usd_per_hour: Optional[str] = _price_option("spot_usd_per_hour")):
     """Shards done, pending, failed and damaged, the decode plan, and the cost so far: at the price the run
     recorded, or at yours (--prices, --usd-per-hour)."""
-    from ssdgen.flows.layout import plan_words
-    from ssdgen.flows.reader import run_status
+    from ssdgen.output.layout import plan_words
+    from ssdgen.output.reader import run_status
     st = run_status(url, deep=verify, prices=prices, usd_per_hour=usd_per_hour, spot_usd_per_hour=spot_usd_per_hour)
     typer.echo(f"{url}: {st['shards_done']} done, {st['shards_pending']} pending, {len(st['shards_failed'])} failed "
                f"of {st['shards_total']} shards; images ok {st['images_ok']}, failed {st['images_failed']}")
@@ -149,10 +149,10 @@ def status(url: str = typer.Argument(..., help="a run's output URL"),
         typer.echo(f"  cost so far: ${c['usd_on_demand']:.4f} on demand"
                    + (f", ${c['usd_spot']:.4f} spot" if c.get("usd_spot") is not None else "")
                    + f" ({c['device_seconds_allocated']:.1f} device-seconds on {c['price']['device_type']})")
-        from ssdgen.flows.cost import price_words
+        from ssdgen.output.cost import price_words
         typer.echo(f"  price: {price_words(c['price'])}; "
                    + ("given now: the cost is recomputed at it" if st["price_given"] else "as the run recorded it"))
-    from ssdgen.flows.audit import audit_rows, warning
+    from ssdgen.output.audit import audit_rows, warning
     for r in audit_rows(st["audit"]):
         typer.echo(f"  {r['metric']:<34} {r['value']}")
     if (w := warning(st["audit"])) is not None:
@@ -174,7 +174,7 @@ def verify_cmd(url: str = typer.Argument(..., help="a run's output URL"),
     when they do not name exactly the committed shards (after a run whose last writes failed)."""
     if read_only and repair:
         raise ValueError("--repair writes, --read-only does not: give one of them")
-    from ssdgen.flows.converge import verify
+    from ssdgen.output.converge import verify
     r = verify(url, deep=not quick, read_only=read_only, repair=repair)
     for d in r["damaged"]:
         typer.echo(f"damaged: {d}" + ("" if read_only else " (set aside)"))
@@ -204,7 +204,7 @@ def demo(settings: RunSettings):
     import numpy as np
     from PIL import Image
     from ssdgen.reference.figures import captioned_grid
-    from ssdgen.flows.reader import open_run
+    from ssdgen.output.reader import open_run
     _run(settings, overwrite=False, progress=True)  # a second `make demo` finds nothing to do and ends at once
     rows = [r for r in open_run(settings.out, columns=["prompt", "image"]).to_table().to_pylist() if r["image"]]
     imgs = [np.asarray(Image.open(io.BytesIO(r["image"]["bytes"])).convert("RGB")) for r in rows]
@@ -223,7 +223,7 @@ def export(url: str = typer.Argument(..., help="a run's output URL (local path, 
                                                   "(TO/{shard:05d}.tar + TO/{shard:05d}.parquet)"),
            fresh: bool = typer.Option(False, help="read the commit markers, not manifest.parquet (a run going on)")):
     """Copy a run's committed shards (only those) into a flat folder a data loader can take."""
-    from ssdgen.flows.export import export as export_run
+    from ssdgen.output.export import export as export_run
     r = export_run(url, to, output_format, fresh=fresh)
     typer.echo(f"exported {r['shards']} committed shards ({r['files']} files, {r['bytes'] / 2**20:.1f} MiB) "
                f"to {r['to']}")

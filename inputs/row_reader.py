@@ -1,4 +1,4 @@
-"""Reading the input rows of shards in bounded memory, at the content the run pinned (flows.pinned).
+"""Reading the input rows of shards in bounded memory, at the content the run pinned (inputs.pinned).
 
 Reading a whole row group for each shard holds the group in memory: 100,000 prompts of 10 KB in one group took
 the driver to 3 GB, and shards much smaller than a group would decode it again and again. Here a `_Cursor`
@@ -8,7 +8,7 @@ shards, which the window reads in about their order, take their rows from it as 
 batches of the last `keep_rows` rows it passed (at most `KEEP_BYTES`), for shards the I/O threads read a little
 out of order; a shard behind every cursor (a retry) opens a new one. `RowReader` holds at most `cursors`.
 
-A cursor opens its file through flows.pinned and checks the pin after each shard's rows, before they leave.
+A cursor opens its file through inputs.pinned and checks the pin after each shard's rows, before they leave.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections import deque
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .inputs import InputError, InputFile
+from .files import InputError, InputFile
 from .pinned import PinnedFile, changed, is_expired
 
 BATCH_ROWS = 256          # rows per record batch: 2.5 MB of 10 KB prompts

@@ -1,6 +1,6 @@
 """Cost accounting for generation runs: $ per 1k images, images/s per device, utilization.
 
-Price table (`flows/prices.csv`, package data of ssdgen.flows: `DEFAULT_PRICES`) conventions:
+Price table (`output/prices.csv`, package data of ssdgen.output: `DEFAULT_PRICES`) conventions:
   - one row per `device_type` (`h100`, `a100-40gb`, `h200`, `l4`, `a10g`, `cpu`, ...);
   - prices are USD per *device*-hour: the instance's hourly price divided by
     `devices_per_instance`. `unit` says what a device is: `gpu` for accelerators, `vcpu` for

@@ -10,7 +10,7 @@ and stats, so they are committed exactly once with the shard; a resume skips com
 audits a prompt twice.
 
 The audit's seconds are timed apart inside the actor and taken out of the shard's allocated time: the
-images' cost is what they cost, and the audit is its own line (`flows.cost.shard_cost` at the same price).
+images' cost is what they cost, and the audit is its own line (`output.cost.shard_cost` at the same price).
 The summary reads the committed audit files back from storage (via the markers) and reports the mean
 per-prompt NLL gap (decoder - ar, nats/token) with a 95% paired-bootstrap interval over prompts; the gap is
 within tolerance when the whole interval lies inside +-tolerance. FD is not computed here ("fd": null): it
@@ -83,7 +83,7 @@ def shard_audit(results: list, devices: float) -> tuple[list[dict], dict]:
 
 
 def read_audit(out, committed: dict) -> pa.Table:
-    """The committed audit rows: the audit file each marker (flows.marker.Marker) names, never an unmarked
+    """The committed audit rows: the audit file each marker (output.marker.Marker) names, never an unmarked
     attempt's."""
     tables = []
     for sid in sorted(committed):

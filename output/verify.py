@@ -1,6 +1,6 @@
 """Checking committed shards against their commit markers: nothing unchecked counts as done.
 
-A marker names every file of its shard with its size and SHA-256 (flows.layout.Output.write_bytes). Two depths:
+A marker names every file of its shard with its size and SHA-256 (output.layout.Output.write_bytes). Two depths:
 
     cheap (every resume, `ssdgen status`)   one listing of shards/ with details: each file is there, has its
                                             recorded size, and, where the store gives it, the same content
@@ -19,8 +19,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from .layout import MARKER, Output, _shard_of
 from ssdgen.storage.store import CorruptMarker
+from .layout import MARKER, Output, _shard_of
 from .marker import FileRecord, MarkerDigest
 
 

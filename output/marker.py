@@ -4,7 +4,7 @@ everything that trusts a shard as done (resume, verify, the manifest, cost, audi
 On storage it is JSON (sorted keys, so the bytes of one marker are stable); in memory it is a frozen `Marker`
 whose `files` are `FileRecord`s. A marker that is not JSON, lacks `shard` or `files`, or has a field of the wrong
 kind fails `from_json` with a ValueError naming what is wrong; the layout turns that into `CorruptMarker` with
-the marker's URL (flows.layout).
+the marker's URL (output.layout).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class FileRecord:
     rows: int
     bytes: int
     sha256: str
-    md5: str | None = None  # what an S3 ETag is for a single-part PUT (flows.verify's cheap check)
+    md5: str | None = None  # what an S3 ETag is for a single-part PUT (output.verify's cheap check)
     mtime: float | None = None  # a local file's, at the commit
 
     @property
@@ -44,7 +44,7 @@ class FileRecord:
 
 @dataclass(frozen=True)
 class Marker:
-    """A committed shard: its files and its accounting (flows.cost's shard record: ok, failed, wall_s, busy_s,
+    """A committed shard: its files and its accounting (output.cost's shard record: ok, failed, wall_s, busy_s,
     load_s, devices, device_seconds_allocated, device_seconds_busy)."""
 
     shard: int
@@ -68,7 +68,7 @@ class Marker:
     node_id: str | None = None
     device: str | None = None
     batches: int = 0
-    audit: dict | None = None  # with --audit: {rows, seconds, device_seconds} (flows.audit)
+    audit: dict | None = None  # with --audit: {rows, seconds, device_seconds} (output.audit)
     decoder: str | None = None  # the resolved spec text that decoded the shard (None: committed before it was kept)
 
     def file(self, kind: str) -> FileRecord | None:
@@ -104,7 +104,7 @@ class Marker:
 class MarkerDigest:
     """Which commits a manifest or summary was built from, in one short string: the count and an
     order-independent hash of every (shard, attempt). The manifest (in its Parquet metadata) and the summary
-    record it; a run compares it with the markers it finds (flows.converge), so a manifest that misses a
+    record it; a run compares it with the markers it finds (output.converge), so a manifest that misses a
     shard, or names an attempt a re-decode replaced, is seen and rebuilt."""
 
     def __init__(self):

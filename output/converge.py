@@ -19,9 +19,9 @@ from datetime import datetime, timezone
 
 import pyarrow.parquet as pq
 
+from ssdgen.storage.store import CorruptMarker
 from .cost import price_from, run_summary
 from .layout import DIGEST_KEY, MANIFEST, SUMMARY, Output
-from ssdgen.storage.store import CorruptMarker
 from .lease import Lease
 from .marker import MarkerDigest
 from .reader import MarkerFold
@@ -86,7 +86,7 @@ def rebuild(out: Output, why: str, by: str) -> dict:
 def verify(url: str, deep: bool = True, read_only: bool = False, repair: bool = False) -> dict:
     """`ssdgen verify`: every committed shard checked. Unless `read_only`, under the output's lease (refused
     while a run writes there): damaged shards are set aside, so the next run re-decodes them, and the manifest
-    and summary are rebuilt from the markers when they lag them (always with `repair`; flows.converge).
+    and summary are rebuilt from the markers when they lag them (always with `repair`; output.converge).
     -> {url, shards, damaged: [Damage], deep, stale: why they lagged or None, rebuilt: the summary or None}"""
     out = Output(url)
     out.read_config()  # a clear error where no run is

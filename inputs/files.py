@@ -3,7 +3,7 @@
 `list_inputs` expands URLs (files, directories/prefixes, globs) into `InputFile`s using only each
 file's footer, and checks the schema up front so a bad input fails before any GPU work starts. A path that
 exists is taken as written, even with `*?[` in it; only one that does not is a glob. `with_identities` records
-each file's content identity and pins every later read of the run to that content (flows.pinned).
+each file's content identity and pins every later read of the run to that content (inputs.pinned).
 `check_unique_prompt_ids` reads only the `prompt_id` column to reject duplicate ids (ids key outputs
 and resume); `check_seeds` reads only a uint64 `seed` column, to refuse seeds an int64 cannot hold. Rows without
 an id or seed get stable derived ones (`derive_prompt_id`, `derive_seed`).
@@ -38,7 +38,7 @@ class InputFile:
     has_prompt_id: bool
     has_seed: bool
     identity: str | None = None  # the content's identity (ETag, version, SHA-256): `with_identities` fills it
-    pin: Pin | None = None       # what every later read is held to (flows.pinned): `with_identities` fills it
+    pin: Pin | None = None       # what every later read is held to (inputs.pinned): `with_identities` fills it
     wide_seeds: bool = False     # the seed column is uint64, so values may not fit an int64: `check_seeds` reads it
 
 
@@ -264,7 +264,7 @@ def list_inputs(urls: list[str], storage_options: dict | None = None) -> list[In
 def with_identities(files: list[InputFile], storage_options: dict | None = None) -> list[InputFile]:
     """The files with their content identity, so a file edited in place (same size) is noticed on resume:
     the store's version id or ETag where it gives one (one HEAD, no read), else the SHA-256 of the bytes; and
-    with the pin every later read of this run is held to (flows.pinned)."""
+    with the pin every later read of this run is held to (inputs.pinned)."""
     import dataclasses
     out = []
     for f in files:

@@ -1,6 +1,6 @@
 """Copying a run's committed output into a flat folder a data loader takes (`ssdgen export`, `ssdgen.export`).
 
-Only what the commit markers name is copied (through flows.reader), each file checked against the SHA-256 its
+Only what the commit markers name is copied (through output.reader), each file checked against the SHA-256 its
 marker recorded as it streams. An export in a format the run did not write gets its files built from the run's
 images Parquet, as the flow builds them (the format's `encode`, formats/).
 """

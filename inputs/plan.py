@@ -7,9 +7,9 @@ the same shards (a shard id is a stable unit of work and output across retries a
 millions of prompts never holds a list of its shards.
 
 `read_shard` reads one shard's rows, touching only the row groups that overlap it, in record batches through
-a `RowReader` (flows.row_reader): memory is bounded whatever the size of a row group, a row group is decoded
+a `RowReader` (inputs.row_reader): memory is bounded whatever the size of a row group, a row group is decoded
 about once however many shards it holds, and every read is of the content the run pinned at its start
-(flows.pinned). Bad rows (null prompt, invalid UTF-8) come back as `Row`s with `error` set; they never fail the
+(inputs.pinned). Bad rows (null prompt, invalid UTF-8) come back as `Row`s with `error` set; they never fail the
 shard. Storage errors are raised as-is (OSError, ...) so the caller can retry them as transient; a changed input
 is an InputError naming the file.
 """
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ssdgen.flows.inputs import InputFile, derive_prompt_id, derive_seed, prompt_ids_as_text
-from ssdgen.flows.row_reader import RowReader
+from ssdgen.inputs.files import InputFile, derive_prompt_id, derive_seed, prompt_ids_as_text
+from ssdgen.inputs.row_reader import RowReader
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,13 @@
     {out}/_config.json                                   run settings (no secrets); resume must match them
     {out}/_plan.json                                     a calibrated spec resolved once: its text + measurements
     {out}/_price.json                                    the price the last run that decoded was costed at
-    {out}/_lease/{generation:08d}.json                   the running driver's lease (flows.lease)
+    {out}/_lease/{generation:08d}.json                   the running driver's lease (output.lease)
     {out}/shards/{shard:06d}/attempt-{uuid}/images.parquet   one row per prompt: image {bytes, path}, token grid, ...
     {out}/shards/{shard:06d}/attempt-{uuid}/stats.parquet    one row per prompt: status, error, error_reason, ...
-    {out}/shards/{shard:06d}/attempt-{uuid}/audit.parquet    with --audit: one row per audited prompt (flows.audit)
+    {out}/shards/{shard:06d}/attempt-{uuid}/audit.parquet    with --audit: one row per audited prompt (output.audit)
     {out}/shards/{shard:06d}/attempt-{uuid}/{shard:05d}.tar  with --format webdataset|both (formats/webdataset.py)
     {out}/shards/{shard:06d}/_SUCCESS.json               commit marker, written last, create-only
-    {out}/shards/{shard:06d}/_DAMAGED-{uuid}.json        a marker whose files failed the check (flows.verify)
+    {out}/shards/{shard:06d}/_DAMAGED-{uuid}.json        a marker whose files failed the check (output.verify)
     {out}/manifest.parquet                               one row per committed shard (file URLs, rows, sha256)
     {out}/summary.json                                   run totals and cost
 
@@ -46,7 +46,7 @@ from .marker import Marker, MarkerDigest
 CONFIG, MANIFEST, SUMMARY, MARKER = "_config.json", "manifest.parquet", "summary.json", "_SUCCESS.json"
 PLAN = "_plan.json"
 PRICE = "_price.json"  # not in _config.json: a price decides no image, so a resume may change it
-DIGEST_KEY = "ssdgen.markers"  # the manifest's metadata key for the commits it names (flows.marker.MarkerDigest)
+DIGEST_KEY = "ssdgen.markers"  # the manifest's metadata key for the commits it names (output.marker.MarkerDigest)
 DAMAGED = "_DAMAGED"  # a marker whose files failed verification is moved to _DAMAGED-{uuid}.json beside it
 
 # `image` is the struct Hugging Face `datasets` stores its Image feature as ({bytes, path}); with the features
@@ -81,7 +81,7 @@ _ARROW = {"int8": pa.int8(), "int32": pa.int32(), "float64": pa.float64(), "list
           "list<int32>": pa.list_(pa.int32())}
 # the sample's own columns, then every statistic as decoders/sample_stats.py defines it, then the pipeline's
 # error_reason: a short code for why the row failed (workers/results.py, decoders/protocol.py); a run from before
-# it existed reads it as null (flows.reader reads by this schema)
+# it existed reads it as null (output.reader reads by this schema)
 _SAMPLE = [("prompt_id", pa.string()), ("status", pa.string()), ("error", pa.string()), ("error_reason", pa.string()),
            ("decoder", pa.string()), ("grid_height", pa.int32()), ("grid_width", pa.int32())]
 STAT_COLUMNS = [(name, _ARROW[kind]) for name, kind in stat_columns()]
@@ -199,7 +199,7 @@ class Output(Store):
 
     def iter_markers(self, chunk: int = 512, skip: frozenset = frozenset()) -> Iterator[Marker]:
         """The commit markers in shard order, read `chunk` at a time: memory is one chunk, not the run. Shards in
-        `skip` (found damaged, flows.verify) are left out."""
+        `skip` (found damaged, output.verify) are left out."""
         paths = [p for p in self.marker_paths() if _shard_of(p) not in skip]
         for i in range(0, len(paths), chunk):
             data = self.cat_files(paths[i:i + chunk])
@@ -278,7 +278,7 @@ class ManifestWriter:
         self.schema = manifest_schema()
         self.writer = pq.ParquetWriter(self.buf, self.schema, compression="zstd")
         self.rows: list[dict] = []
-        self.digest = MarkerDigest()  # which commits it names, kept in its metadata (flows.converge)
+        self.digest = MarkerDigest()  # which commits it names, kept in its metadata (output.converge)
 
     def add(self, m: Marker) -> None:
         self.rows.append(manifest_row(self.out, m))

@@ -34,7 +34,7 @@ _INFO_KEYS = ("ETag", "etag", "md5Hash", "crc32c", "generation", "size", "mtime"
 
 class InputError(ValueError):
     """A problem with the inputs that retrying cannot fix; the message names the file (URL). Defined here, below
-    flows.inputs (which re-exports it), because a changed input is one."""
+    inputs.files (which re-exports it), because a changed input is one."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def is_expired(exc: BaseException) -> bool:
 
 
 class PinnedFile:
-    """An input file opened at the content the run pinned (InputFile.pin, from flows.inputs.with_identities). Read
+    """An input file opened at the content the run pinned (InputFile.pin, from inputs.files.with_identities). Read
     `handle`; call `check()` after each read: on a local disk (and on stores read without versions or If-Match)
     that is where a change is seen. Raises the `changed` error. A file without a pin (listed but not yet pinned,
     or built by a test) is opened as it is."""

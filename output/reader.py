@@ -2,7 +2,7 @@
 losing attempt, and never a file twice. Everything that reads a run goes through here: `ssdgen.open_run` and
 `committed_shards` (Python), `read_run` (`ssdgen report`), `open_run` (`ssdgen demo`'s grid), `run_status` and
 `MarkerFold` (`ssdgen status`, and the run's own summary at its end), `shard_images` (Parquet or tar), and
-flows/export.py (`ssdgen export`).
+output/export.py (`ssdgen export`).
 
     import ssdgen
     ds = ssdgen.open_run("s3://bucket/run")                # images joined with their statistics
@@ -44,7 +44,7 @@ from .verify import damaged_shards
 
 
 def committed_shards(url: str, fresh: bool = False) -> pa.Table:
-    """One row per committed shard (flows.layout.manifest_schema: shard, rows, stats_url, images_url, tar_url,
+    """One row per committed shard (output.layout.manifest_schema: shard, rows, stats_url, images_url, tar_url,
     their SHA-256, ...), in shard order. From manifest.parquet, or from the markers when there is none or
     `fresh`. Raises FileNotFoundError when the URL holds no run."""
     out = Output(url)
@@ -61,7 +61,7 @@ def committed_shards(url: str, fresh: bool = False) -> pa.Table:
 
 
 def open_run(url: str, columns: list[str] | None = None, fresh: bool = False) -> ds.Dataset:
-    """The committed rows of the run at `url` (any fsspec URL): its images (flows.layout.IMAGES_SCHEMA) with
+    """The committed rows of the run at `url` (any fsspec URL): its images (output.layout.IMAGES_SCHEMA) with
     their statistics (STATS_SCHEMA) joined on `prompt_id`, as an in-memory `pyarrow.dataset.Dataset`. `columns`
     keeps only those (and `prompt_id`); a column both tables hold (decoder, grid size) is the images'."""
     out = Output(url)
@@ -137,7 +137,7 @@ def read_run(url: str, samples: int = 24) -> dict:
 
 
 class MarkerFold:
-    """One streamed pass over the committed markers (flows.layout.Output.iter_markers) feeds the cost summary,
+    """One streamed pass over the committed markers (output.layout.Output.iter_markers) feeds the cost summary,
     the manifest, the failure counts and the audit's index (shard -> marker, with --audit): no other marker is
     held after it is read. The run's end and `ssdgen status` fold the same way."""
 
@@ -165,7 +165,7 @@ class MarkerFold:
                 self.errors = Counter(dict(self.errors.most_common(self.MAX_ERRORS // 2)))
             self.wall_s += m.wall_s
             self.device_types.add(m.device_type)
-            if self.audit is not None:  # what flows.audit reads: the audit file and the audit seconds
+            if self.audit is not None:  # what output.audit reads: the audit file and the audit seconds
                 self.audit[m.shard] = m
             yield m
 
@@ -205,7 +205,7 @@ def read_plan_at(url: str) -> dict:
 def view_price(recorded: Price | None, device_type: str, prices=None, usd_per_hour=None,
                spot_usd_per_hour=None) -> tuple[Price, bool]:
     """The price a view of the run (`ssdgen status`, the report) costs it at, and whether the user gave it now:
-    the user's (--prices, --usd-per-hour: flows.cost.price_from), else the one the run `recorded`
+    the user's (--prices, --usd-per-hour: output.cost.price_from), else the one the run `recorded`
     (Output.read_price), else (a run from before runs recorded prices) the shipped table's."""
     if (prices, usd_per_hour, spot_usd_per_hour) != (None, None, None):
         return price_from(device_type, prices, usd_per_hour, spot_usd_per_hour), True

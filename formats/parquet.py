@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 
-from .registry import Format, parquet_bytes, register
+from ssdgen.storage.store import parquet_bytes
+
+from .registry import Format, register
 
 IMAGE_COLS = ["prompt_id", "prompt", "seed", "image", "width", "height"]  # what a reader takes back
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from typing import Callable
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 STATS = "stats"  # every shard's statistics file (stats.parquet), whatever the format
 BOTH = ("parquet", "webdataset")  # what `--format both` writes
@@ -58,13 +56,6 @@ def check_export_format(name: str) -> None:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {name!r}")
 
 
-def parquet_bytes(table: pa.Table) -> bytes:
-    """A table as one Parquet file's bytes (zstd), as every Parquet file of a run is written."""
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
-    return buf.getvalue()
-
-
 def write_shard(out, attempt: str, shard: int, images: pa.Table, stats: pa.Table, fmt: str,
                 shard_size: int) -> list[dict]:
     """Write a shard's data files for `--format fmt` under `attempt` (a folder from `Output.new_attempt`):
@@ -74,5 +65,5 @@ def write_shard(out, attempt: str, shard: int, images: pa.Table, stats: pa.Table
     for f in run_formats(fmt):
         data, rows = f.encode(shard, images, stats, shard_size)
         files.append(out.write_bytes(f"{attempt}/{f.file_name(shard)}", data, rows))
-    files.append(out.write_bytes(f"{attempt}/{STATS}.parquet", parquet_bytes(stats), stats.num_rows))
+    files.append(out.write_table(f"{attempt}/{STATS}.parquet", stats))
     return files

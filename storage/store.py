@@ -43,6 +43,13 @@ def storage_error(url: str, exc: OSError) -> StorageError:
     return StorageError(exc.errno, f"{url}: {reason}")
 
 
+def parquet_bytes(table: pa.Table) -> bytes:
+    """A table as one Parquet file's bytes (zstd): how every Parquet file of a run is encoded."""
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
 class Store:
     """Files under one root URL."""
 
@@ -110,9 +117,7 @@ class Store:
 
     def write_table(self, path: str, table: pa.Table) -> dict:
         """One PUT of a whole Parquet file; returns its record for the marker."""
-        buf = io.BytesIO()
-        pq.write_table(table, buf, compression="zstd")
-        return self.write_bytes(path, buf.getvalue(), table.num_rows)
+        return self.write_bytes(path, parquet_bytes(table), table.num_rows)
 
     @retried
     def write_bytes(self, path: str, data: bytes, rows: int) -> dict:

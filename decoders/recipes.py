@@ -254,7 +254,6 @@ CSD_DEFAULTS = (("lam", 2.0), ("delta", 0.7))
 SHORT_WINDOW_LAM = 1.0
 
 LOOPS = ("ar", "window", "block")  # ar.py, window.py, block.py
-DRAFTER_NAMES = ("none", "guess", "heads")  # drafters.DRAFTERS, and "none" for ar
 ACCEPTANCES = ("exact", "relaxed")  # verify.py
 
 _RELAX = frozenset(f.name for f in fields(Relaxation))
@@ -269,7 +268,7 @@ class Recipe:
     """One family's configuration of a loop (module doc)."""
 
     loop: str  # LOOPS
-    drafter: str  # DRAFTERS
+    drafter: str  # DRAFTER_KINDS (drafters.DRAFTERS), or "none" for ar
     acceptance: str  # ACCEPTANCES
     config: type | None  # WindowConfig, BlockConfig, or None (ar has no parameters)
     params: frozenset = frozenset()  # what a spec may set (with the relaxation's, for a relaxed recipe)
@@ -280,9 +279,9 @@ class Recipe:
     def relaxed(self) -> bool:
         return self.acceptance == "relaxed"
 
-    def build(self, params: dict):
+    def build(self, family: str, params: dict):
         """A spec's flat parameters -> this recipe's typed config (None for ar). Raises ValueError naming the
-        parameter."""
+        family and the parameter."""
         allowed = self.params | (_RELAX if self.relaxed else frozenset())
         unknown = sorted(set(params) - allowed)
         if unknown and self.loop == "window" and self.drafter == "heads" and set(unknown) <= _BLOCK:
@@ -292,7 +291,7 @@ class Recipe:
             raise ValueError(f"{', '.join(unknown)} belong(s) to the window loop (commit=prefix, the default), not "
                              "the block decoder (commit=block), which drafts whole rows")
         if unknown:
-            raise ValueError(f"no parameter(s) {unknown}; it takes {sorted(allowed) or 'none'}")
+            raise ValueError(f"decoder {family!r} has no parameter(s) {unknown}; it takes {sorted(allowed) or 'none'}")
         if self.config is None:
             return None
         values = dict(self.defaults) | params
@@ -345,9 +344,4 @@ def decoder_config(name: str, params: dict | None = None):
     naming the parameter."""
     params = dict(params or {})
     params.pop("heads", None)  # where the heads are, not how to decode: DecodeSpec.heads
-    try:
-        return recipe(name, params).build(params)
-    except ValueError as e:
-        if str(e).startswith("no parameter"):
-            raise ValueError(f"decoder {name!r} has {e}") from None
-        raise
+    return recipe(name, params).build(name, params)

@@ -21,11 +21,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from ssdgen.decoders import build
 from ssdgen.decoders.spec import DecodeSpec
 
-from ssdgen.reference.model import ReferenceModel
-from .evaluate import generate  # imported up front: a long run must not pick up code edited while it trains
 from .figures import learning_curve_plot
+from .evaluate import generate  # imported up front: a long run must not pick up code edited while it trains
+from ssdgen.reference.model import ReferenceModel
 from .prompts import eval_prompts
 from .scorer import load_scorer, score
 from .train_data import build_dataset, cached_tokenized_set
@@ -85,8 +86,9 @@ def curve_point(gpt, vq, n: int, batch_size: int = 64) -> dict:
     rows = eval_prompts(n)
     prompts = [r["prompt"] for r in rows]
     try:
-        images, _, _ = generate(ReferenceModel.from_modules(gpt, vq), prompts, [r["seed"] for r in rows],
-                                DecodeSpec(), batch_size, desc="curve")
+        model = ReferenceModel.from_modules(gpt, vq)
+        images, _, _ = generate(model, prompts, [r["seed"] for r in rows], build(DecodeSpec(), model), batch_size,
+                                desc="curve")
     finally:
         gpt.clear_caches()
     rep = score(load_scorer(), images, prompts)

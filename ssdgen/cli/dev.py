@@ -201,6 +201,7 @@ def figures(out: Path = typer.Option(..., help="folder for the PNGs and JSON (do
     relaxed acceptances fall (objects, smooth and detailed background)."""
     import numpy as np
 
+    from ssdgen.decoders import build
     from ssdgen.decoders.spec import DecodeSpec
     from ssdgen.reference.commit_maps import content_awareness, overlay
     from ssdgen.reference.evaluate import generate
@@ -211,11 +212,12 @@ def figures(out: Path = typer.Option(..., help="folder for the PNGs and JSON (do
     out.mkdir(parents=True, exist_ok=True)
     rows = eval_prompts(16)
     prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
-    images, _, _ = generate(m, prompts, seeds, DecodeSpec("ar", (), spec.sampling), 16)
+    images, _, _ = generate(m, prompts, seeds, build(DecodeSpec("ar", (), spec.sampling), m), 16)
     captioned_grid(list(images), prompts).save(out / "samples_grid.png")
     rows = eval_prompts(n)
     prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
-    images, stats, _ = generate(m, prompts, seeds, spec, 16, desc=spec.label)  # speculation's cheap batch on a CPU
+    dec = build(spec, m)
+    images, stats, _ = generate(m, prompts, seeds, dec, 16, desc=spec.label)  # speculation's cheap batch on a CPU
     maps = [s.commit_map for s in stats]
     report = {"decoder": str(spec), "n": len(prompts),
               "forwards_per_image": float(np.mean([s.forwards for s in stats]))}

@@ -19,6 +19,10 @@ class NoCreateFS(MemoryFileSystem):
     protocol = "nocreatetest"
     store, pseudo_dirs = {}, [""]
 
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol(path.removeprefix("nocreatetest://"))  # memory's strips only memory://
+
 
 def register() -> None:
     fsspec.register_implementation("nocreatetest", NoCreateFS, clobber=True)
@@ -72,3 +76,24 @@ def test_generate_on_a_store_without_exclusive_create_stops_in_one_line_naming_i
                            "nocreatetest://bucket/run", "--decoder", "ar", "--no-progress"], env=cli_env(), cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     one_error(proc, "--out nocreatetest://bucket/run", "NoCreateFS", "cannot create a file exclusively")
+
+
+
+def _verify_on_the_double(*args: str) -> subprocess.CompletedProcess:
+    """`ssdgen verify ... nocreatetest://bucket/run` on a run folder holding its config; prints what the store holds
+    after."""
+    code = ("import json, test_storage_backends as t; t.register(); "
+            "t.NoCreateFS().pipe('/bucket/run/_config.json', json.dumps({'decoder': 'ar'}).encode()); "
+            "from ssdgen.cli import main\ntry: main()\nfinally: print('store:', sorted(t.NoCreateFS.store))")
+    return subprocess.run([sys.executable, "-c", code, "verify", *args, "nocreatetest://bucket/run"], env=cli_env(),
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_verify_on_a_store_without_exclusive_create_stops_in_one_line_and_writes_nothing():
+    """`ssdgen verify URL` writes (damaged shards set aside, the manifest rebuilt, under the run's lease): on such
+    a store it stops in one line naming the backend, before writing; `--read-only` writes nothing and reports."""
+    proc = _verify_on_the_double()
+    one_error(proc, "NoCreateFS", "cannot create a file exclusively", "lease")
+    assert "store: ['/bucket/run/_config.json']" in proc.stdout
+    proc = _verify_on_the_double("--read-only")
+    assert proc.returncode == 0 and "store: ['/bucket/run/_config.json']" in proc.stdout, proc.stderr[-2000:]

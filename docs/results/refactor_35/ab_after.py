@@ -1,0 +1,13 @@
+import sys, time, torch
+torch.set_num_threads(2)
+from ssdgen.decoders import build
+from ssdgen.decoders.spec import DecodeSpec
+from ssdgen.reference.model import ReferenceModel
+from ssdgen.reference.prompts import eval_prompts
+spec = DecodeSpec.parse(sys.argv[1]); m = ReferenceModel()
+rows = eval_prompts(32); p = [r["prompt"] for r in rows]; s = [r["seed"] for r in rows]
+d = build(spec, m)
+d.decode(p[:8], s[:8])
+for i in range(int(sys.argv[2])):
+    t = time.perf_counter(); r = d.decode(p, s); dt = time.perf_counter() - t
+    print(f"after {dt/32:.4f}", flush=True)

@@ -14,12 +14,12 @@ from collections import Counter
 from datetime import datetime, timezone
 
 from ssdgen.formats import write_shard
-from ssdgen.workers.results import UNRECORDED
-
 from ssdgen.output.audit import AUDIT_FILE, audit_table, shard_audit
 from ssdgen.output.layout import MARKER, Output, shard_tables
 from ssdgen.output.lease import LeaseLost
 from ssdgen.output.marker import Marker
+from ssdgen.workers.results import UNRECORDED
+
 from .ticket import is_transient
 
 WRITE_TRIES = 3  # a failed PUT is retried in place: re-decoding a shard for a storage hiccup wastes the devices
@@ -31,7 +31,7 @@ def shard_marker(job, cfg, spec: str) -> tuple[dict, object, object, object | No
     rows and marker record (a calibrated run's requested spec is only in its config)."""
     dev = cfg.devices_per_actor
     samples = {pid: s for r in job.results for pid, s in r.samples.items()}
-    images, stats = shard_tables(samples, job.rows, spec, cfg.model, cfg.image_format, dev)
+    images, stats = shard_tables(samples, job.rows, spec, cfg.model, cfg.image_format, dev, job.kept)
     audited, audit = shard_audit(job.results, dev)
     audit_t = audit_table(audited, cfg.audit_label) if cfg.audit > 0 else None
     errors = Counter(s.error for s in samples.values() if not s.ok)

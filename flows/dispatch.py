@@ -110,7 +110,7 @@ class Dispatcher:
             case Read(job, fut) | Written(job, fut) if fut.exception() is not None:
                 self.window.finish(job, exc=fut.exception())
             case Read(job, fut):
-                self._on_read(job, fut.result())
+                self._on_read(job, *fut.result())
             case Batch(job, i, gen, fut):
                 self._on_batch(job, i, gen, fut)
             case Probe(actor, fut, _):
@@ -122,8 +122,9 @@ class Dispatcher:
             case _:
                 raise TypeError(f"the dispatcher got an unknown event: {ev!r}")
 
-    def _on_read(self, job: Job, rows: list[dict]) -> None:
+    def _on_read(self, job: Job, rows: list[dict], kept) -> None:
         job.split(rows, self.cfg.batch_size)
+        job.kept = kept
         self.sched.ready.append(job)
 
     def _on_batch(self, job: Job, i: int, gen: int, fut) -> None:

@@ -22,6 +22,7 @@ from prefect.tasks import exponential_backoff
 
 from ssdgen.inputs.plan import ShardPlan
 from .dispatch import Dispatcher
+from .interrupts import Interrupted
 from .ticket import Ticket, is_transient
 
 TARGET_TASK_RUNS = 100  # group task runs per run: enough to follow progress and retry in parts, few for the API
@@ -96,6 +97,8 @@ def run_groups(ctx: RunContext, pending: int, total: int) -> dict[tuple[int, int
 def _collect(first: int, last: int, future, failed: dict, progress: "Progress") -> None:
     try:
         future.result()
+    except Interrupted:
+        pass  # not failed: pending, and the run's own line says it was interrupted (flows.interrupts)
     except Exception as e:  # noqa: BLE001 - collect, report, and fail the run after the summary
         failed[(first, last)] = f"{type(e).__name__}: {e}"
     progress.update(first, last)

@@ -13,7 +13,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
-from ssdgen.inputs.plan import read_shard
+import pyarrow as pa
+
+from ssdgen.inputs.plan import read_shard_columns
 from ssdgen.inputs.row_reader import RowReader
 from ssdgen.output.audit import mark_rows
 from .events import Read, Written
@@ -30,10 +32,11 @@ class IOPool:
     def __init__(self, cfg, files, threads: int, post, commit):
         self.cfg, self.files, self.post, self.commit = cfg, files, post, commit
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="ssdgen-io")
-        self.reader = RowReader(keep_rows=KEEP_SHARDS * cfg.shard_size)
+        self.kept = cfg.kept_columns(files)  # the input columns the run carries through (inputs.columns)
+        self.reader = RowReader(keep_rows=KEEP_SHARDS * cfg.shard_size, extra=tuple(self.kept.names))
 
     def read(self, job) -> None:
-        """Read the shard's rows (flows.window.Job); they come back as `Read(job, future)`."""
+        """Read the shard's rows and kept input columns (flows.window.Job); they come back as `Read(job, future)`."""
         self._submit(Read, job, self._read)
 
     def write(self, job, decoded_at: float) -> None:
@@ -48,7 +51,8 @@ class IOPool:
         fut = self.pool.submit(fn, job, *args)
         fut.add_done_callback(lambda f: self.post(event(job, f)))
 
-    def _read(self, job) -> list[dict]:  # an I/O thread
-        rows = [asdict(r) for r in read_shard(self.files, job.shard, self.cfg.seed, reader=self.reader)]
+    def _read(self, job) -> tuple[list[dict], pa.Table]:  # an I/O thread
+        rows, kept = read_shard_columns(self.files, job.shard, self.cfg.seed, reader=self.reader, kept=self.kept)
+        rows = [asdict(r) for r in rows]
         mark_rows(rows, self.cfg.audit)  # by prompt_id alone, so every try of this shard audits the same prompts
-        return rows
+        return rows, kept

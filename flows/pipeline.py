@@ -30,6 +30,7 @@ under the target; its rows are committed with their shard, and its cost is a lin
 
 # no `from __future__ import annotations` here: Prefect builds the flow's parameter model from the signature's
 # real types (a string `RunSettings` cannot be resolved where a served or deployed run validates it)
+import logging
 import os
 import time
 from collections import Counter
@@ -37,12 +38,12 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime, timezone
 
-from ssdgen.decoders.recipes import CALIBRATION_PROMPTS
-from ssdgen.decoders.spec import DecodeSpec
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from tqdm import tqdm
 
+from ssdgen.decoders.recipes import CALIBRATION_PROMPTS
+from ssdgen.decoders.spec import DecodeSpec
 from ssdgen.inputs.files import InputError, InputFile
 from ssdgen.inputs.plan import ShardPlan, read_shard
 from ssdgen.output.audit import audit_rows
@@ -101,15 +102,35 @@ def _decode_plan(cfg: RunSettings, files: list[InputFile], plan: ShardPlan, out:
         return str(spec), _plan_batch(cfg, decided)
     pilot = max(cfg.batch_size or 0, CALIBRATION_PROMPTS)
     rows = [asdict(r) for r in read_shard(files, plan[0], cfg.seed)][:pilot]
-    # a batch holds at most a shard's rows; the memory is shared by all the run's actors (on one machine in a
-    # local run, a safe bound on a cluster)
-    decided = _get(actors[0].calibrate.remote(rows, cfg.batch_size, cfg.objective, cfg.shard_size, cfg.actors),
-                   stop)
+    # a batch holds at most a shard's rows, and the job's (a 40-prompt job never plans batch 128); the memory is
+    # shared by all the run's actors (on one machine in a local run, a safe bound on a cluster)
+    most = min(cfg.shard_size, plan.rows)
+    decided = _get(actors[0].calibrate.remote(rows, cfg.batch_size, cfg.objective, most, cfg.actors), stop)
     out.write_plan(decided)
     m = decided["measurements"]
     log.info(f"decode plan ({m['objective']}): {m['why']}; {decided['spec']}, planned in {m['seconds']:.1f} s"
              + (" (device profile from the cache)" if m.get("cached") else ""))
     return decided["spec"], _plan_batch(cfg, decided)
+
+
+@contextmanager
+def _own_line(bar):
+    """The progress bar on a line of its own: before Prefect's console prints a log line, the bar is cleared,
+    so the line starts at the left edge, and the bar is drawn again below it at its next update."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    def clear_bar(record) -> bool:
+        bar.clear()
+        return True
+    handlers = [h for name in ("", "prefect") for h in logging.getLogger(name).handlers
+                if isinstance(h, PrefectConsoleHandler)]
+    for h in handlers:
+        h.addFilter(clear_bar)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(clear_bar)
 
 
 def _plan_batch(cfg: RunSettings, decided: dict) -> int:
@@ -162,12 +183,12 @@ def _actors(cfg: RunSettings, stop: StopSignals | None = None) -> list:
 def generate(settings: RunSettings, progress: bool = True, overwrite: bool = False) -> dict:
     """Generate an image for every prompt row; resumable. `settings` are the run's (flows.settings.RunSettings:
     each field's description says what it does); a deployment passes them nested, as infra/prefect.yaml does.
-    `settings.out` may hold `{date}`, filled with the run's scheduled date (YYYY-MM-DD), so a scheduled deployment
-    renders into one folder per day. `overwrite` deletes what the output holds first (said in the log)."""
-    if "{date}" in settings.out:
+    `settings.out` and `settings.prompts` may hold `{date}`, filled with the run's scheduled date (YYYY-MM-DD), so
+    a scheduled deployment reads the day's prompts and renders into one folder per day. `overwrite` deletes what
+    the output holds first (said in the log)."""
+    if "{date}" in settings.out or any("{date}" in p for p in settings.prompts):
         from prefect.runtime import flow_run
-        when = flow_run.scheduled_start_time or datetime.now(timezone.utc)
-        settings = settings.model_copy(update={"out": settings.out.replace("{date}", when.strftime("%Y-%m-%d"))})
+        settings = settings.dated(flow_run.scheduled_start_time or datetime.now(timezone.utc))
     return execute(settings, progress=progress, overwrite=overwrite)
 
 
@@ -196,7 +217,8 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
             disp = Dispatcher(cfg, files, out, actors, done, log, ACTOR_RESTART_WAIT_S, bar,
                               decode_plan, guard=lease.check).start()
             stop.target = disp.interrupt  # from here a signal stops the window, not the main thread
-            failed_groups = run_groups(RunContext(plan, done, disp), pending, len(plan))
+            with _own_line(bar):
+                failed_groups = run_groups(RunContext(plan, done, disp), pending, len(plan))
             bar.close()
         finally:
             stop.target = lambda exc: None  # a first signal during the clean-up must not cut it short

@@ -87,6 +87,7 @@ def prepare(cfg: RunSettings, overwrite: bool = False, leased: bool = False) -> 
     files = with_identities(list_inputs(list(cfg.prompts)))
     check_unique_prompt_ids(files)
     check_seeds(files)
+    cfg.kept_columns(files)  # a clash with an output column, or a typo in --keep/--drop-columns: one line, now
     plan = ShardPlan(files, cfg.shard_size)
     if overwrite:  # everything there goes (flows.pipeline, under the lease): nothing to compare
         return Prepared(cfg, price, files, plan, out, bytearray(len(plan)))
@@ -95,6 +96,8 @@ def prepare(cfg: RunSettings, overwrite: bool = False, leased: bool = False) -> 
     if old is not None and not any("content" in i for i in old.get("inputs", [])):
         for i in recorded["inputs"]:  # a run recorded before inputs had a content identity: compare the rest
             i.pop("content", None)
+    if old is not None and "columns" not in old and not recorded["columns"]:
+        recorded.pop("columns")  # a run recorded before input columns were kept, and none are kept now
     done = out.committed_ids(len(plan))
     sound = MarkerDigest()
     damaged = list(damaged_shards(out, sound=sound))

@@ -10,28 +10,39 @@ inputs' identities).
 from __future__ import annotations
 
 import math
+from datetime import datetime
+from typing import Annotated
 
-from pydantic import Field
-
-from ssdgen.workers.settings import WorkerSettings, option as _option
+import pyarrow as pa
+from pydantic import BeforeValidator, Field
 
 from ssdgen.decoders.recipes import OBJECTIVES
 from ssdgen.formats import check_format
-
+from ssdgen.inputs.columns import kept_schema
 from ssdgen.inputs.files import InputFile
 from ssdgen.output.audit import DEFAULT_TOLERANCE, check_audit
 from ssdgen.output.cost import Price, price_from
+from ssdgen.output.layout import RESERVED_COLUMNS
+from ssdgen.workers.settings import WorkerSettings, option as _option
 
 
+def _names(value) -> tuple[str, ...]:
+    """Column names as given: repeated, comma-separated, or both."""
+    values = [value] if isinstance(value, str) else list(value or ())
+    return tuple(n.strip() for v in values for n in str(v).split(",") if n.strip())
+
+
+Columns = Annotated[tuple[str, ...], BeforeValidator(_names)]
 DEFAULT_BATCH = 16  # prompts per decoder call of a concrete decoder when the user sets none
 
 
 class RunSettings(WorkerSettings):
     """Every setting of a run, parsed once at the edge and passed whole: the worker's part and the run's own."""
 
-    prompts: tuple[str, ...] = _option(..., "Parquet file, prefix or glob at any fsspec URL; repeatable")
-    out: str = _option("out/run", "output URL (local path, s3://, gs://, ...); `{date}` becomes a scheduled "
-                                  "run's date")
+    prompts: tuple[str, ...] = _option(..., "Parquet file, prefix or glob at any fsspec URL; repeatable; "
+                                            "`{date}` becomes the run's date, as in --out")
+    out: str = _option("out/run", "output URL (local path, s3://, gs://, ...); `{date}` becomes the run's date "
+                                  "(a scheduled run's scheduled date), YYYY-MM-DD")
     seed: int = _option(0, "run seed; a row's own `seed` column wins")
     shard_size: int = _option(256, "rows per shard")
     batch_size: int | None = _option(None, "prompts per decoder call (default: a calibrated decoder's plan "
@@ -62,6 +73,11 @@ class RunSettings(WorkerSettings):
     audit_tolerance: float = _option(DEFAULT_TOLERANCE, "allowed |NLL gap| of the audit, nats/token (95% interval)")
     format: str = _option("parquet", "output files per shard: parquet (images + stats Parquet), webdataset "
                                      "(img2dataset-style tar + stats Parquet) or both")
+    keep_columns: Columns = _option(("*",), "input columns carried into images.parquet and the WebDataset JSON "
+                                            "with their types, besides prompt, prompt_id and seed: names, "
+                                            "comma-separated or repeated; * keeps every one")
+    drop_columns: Columns = _option((), "input columns not carried through: names, comma-separated or repeated; "
+                                        "* drops every one")
 
     def check(self) -> Price:
         """Every value against the others and the price table; the run's price."""
@@ -115,6 +131,13 @@ class RunSettings(WorkerSettings):
     def threads(self) -> int:
         return max(1, int(self.cpus_per_actor))
 
+    def dated(self, when: datetime) -> "RunSettings":
+        """These settings with `{date}` in --out and --prompts filled with `when` (YYYY-MM-DD): a nightly job
+        reads the day's prompts and renders into the day's folder."""
+        day = when.strftime("%Y-%m-%d")
+        return self.model_copy(update={"out": self.out.replace("{date}", day),
+                                       "prompts": tuple(p.replace("{date}", day) for p in self.prompts)})
+
     def worker(self) -> WorkerSettings:
         """The part an actor decodes and encodes by (its torch threads come apart: `threads`)."""
         return WorkerSettings(**{k: getattr(self, k) for k in WorkerSettings.model_fields})
@@ -128,9 +151,15 @@ class RunSettings(WorkerSettings):
                 "format", "dtype")
         # png ignores --quality: recorded as null there, so another --quality resumes a png run
         quality = {"quality": None} if self.image_format == "png" else {}
-        return {k: getattr(self, k) for k in keys} | quality | {"decoder": str(self.decoder)} | {
+        columns = {"columns": self.kept_columns(files).names}  # a resume must not mix shards with other columns
+        return {k: getattr(self, k) for k in keys} | quality | {"decoder": str(self.decoder)} | columns | {
             "inputs": [{"url": f.url, "rows": f.num_rows, "bytes": f.size} | ({"content": f.identity} if f.identity
                                                                               else {}) for f in files]}
+
+    def kept_columns(self, files: list[InputFile]) -> pa.Schema:
+        """The input columns this run carries through, with their types (inputs.columns); raises InputError on a
+        clash with an output column, a type two files disagree on, or a name no input has."""
+        return kept_schema(files, self.keep_columns, self.drop_columns, RESERVED_COLUMNS)
 
     @property
     def audit_label(self) -> str:

@@ -22,6 +22,7 @@ class Job:
     def __init__(self, shard: Shard, ticket: Ticket):
         self.shard, self.ticket = shard, ticket
         self.rows: list[dict] = []
+        self.kept = None  # the input columns the run carries through, a row per row (a pyarrow.Table)
         self.batches: list[list[dict]] = []
         self.results: list = []  # a workers.results.BatchResult per batch, None until it is back
         self.refs: dict[int, object] = {}  # batch -> its ObjectRef, kept alive until its event is handled
@@ -99,7 +100,7 @@ class Window:
         if job.actor is not None and job in job.actor.jobs:
             job.actor.jobs.remove(job)
         job.rows = job.batches = job.results = []
-        job.refs = {}
+        job.refs, job.kept = {}, None
         self.live.discard(job)
         self.slots.release()
         job.ticket.done(images, exc)

@@ -24,4 +24,5 @@ PARQUET = register(Format(
     name="parquet", kind="images", file_name=lambda shard: "images.parquet",
     encode=lambda shard, images, stats, shard_size: (parquet_bytes(images), images.num_rows),
     export_name=lambda shard: f"images/{shard:05d}.parquet",
-    stats_export_name=lambda shard: f"stats/{shard:05d}.parquet", read_images=_read_images))
+    stats_export_name=lambda shard: f"stats/{shard:05d}.parquet", read_images=_read_images,
+    card_files="images/*.parquet", card_stats="stats/*.parquet"))

@@ -14,7 +14,8 @@ BOTH = ("parquet", "webdataset")  # what `--format both` writes
 @dataclass(frozen=True)
 class Format:
     """One output format. `kind` is the file kind its marker records (output.marker: a file's stem, or its
-    extension when the stem is the shard number) and names its manifest columns ({kind}_url, {kind}_sha256)."""
+    extension when the stem is the shard number) and names its manifest columns ({kind}_url, {kind}_sha256). A
+    format a run does not write (`run=False`: an export's, such as hf) is only built by `ssdgen export`."""
 
     name: str  # the --format value
     kind: str
@@ -22,8 +23,14 @@ class Format:
     # (shard, images table, stats table, shard size) -> (the file's bytes, the rows in it)
     encode: Callable[[int, pa.Table, pa.Table, int], tuple[bytes, int]]
     export_name: Callable[[int], str]  # shard -> its file's path in an export folder
-    stats_export_name: Callable[[int], str]  # shard -> the statistics' path beside it in an export folder
+    # shard -> the statistics' path beside it in an export folder; None: the format's file holds them
+    stats_export_name: Callable[[int], str] | None
     read_images: Callable[[object], list[dict]] | None = None  # an open file -> its image rows (IMAGE_COLS)
+    run: bool = True  # a run's --format may name it (else only `ssdgen export --format`)
+    # the export folder's dataset card (output.card): the data files of its default config, and of its
+    # statistics config, as globs `datasets.load_dataset(folder)` reads (None: no such config)
+    card_files: str | None = None
+    card_stats: str | None = None
 
     @property
     def manifest_columns(self) -> tuple[str, str]:
@@ -45,10 +52,16 @@ def run_formats(name: str) -> list[Format]:
     return [FORMATS[n] for n in BOTH] if name == "both" else [FORMATS[name]]
 
 
+def written() -> list[Format]:
+    """The formats a run can write (each has its manifest columns and marker kind)."""
+    return [f for f in FORMATS.values() if f.run]
+
+
 def check_format(name: str) -> None:
-    """Reject an unknown --format (a user error, before any work starts)."""
-    if name != "both" and name not in FORMATS:
-        raise ValueError(f"--format must be one of {', '.join([*FORMATS, 'both'])}, got {name!r}")
+    """Reject an unknown --format of a run (a user error, before any work starts)."""
+    names = [f.name for f in written()]
+    if name != "both" and name not in names:
+        raise ValueError(f"--format must be one of {', '.join([*names, 'both'])}, got {name!r}")
 
 
 def check_export_format(name: str) -> None:

@@ -9,7 +9,8 @@ input order:
     KEY.png | KEY.webp | KEY.jpg   the image, as encoded on the actor (--image-format)
     KEY.txt                        the prompt (the caption)
     KEY.json                       key, shard, prompt_id, prompt, seed, decoder, model, image_format, width,
-                                   height, and the sample's statistics (the stats.parquet row; NaN as null)
+                                   height, the input columns the run keeps (inputs.columns), and the sample's
+                                   statistics (the stats.parquet row; NaN as null)
 
 The tar is written, like the Parquet files, under the attempt's unique key and named by the shard's commit
 marker (output.layout): a reader that follows the marker or the manifest's `tar_url` sees exactly one complete
@@ -23,6 +24,8 @@ depend on the samples alone.
 
 from __future__ import annotations
 
+import base64
+import datetime
 import io
 import json
 import math
@@ -61,7 +64,8 @@ def shard_tar(shard: int, images: pa.Table, stats: pa.Table, digits: int = INDEX
             meta |= {k: v for k, v in stats_of.get(row["prompt_id"], {}).items() if k not in meta}
             _add(tar, f"{key}.{EXTENSIONS[row['image_format']]}", row["image"]["bytes"])
             _add(tar, f"{key}.txt", (row["prompt"] or "").encode())
-            _add(tar, f"{key}.json", json.dumps(_strict(meta), sort_keys=True, allow_nan=False).encode())
+            _add(tar, f"{key}.json", json.dumps(_strict(meta), sort_keys=True, allow_nan=False,
+                                                default=_json_value).encode())
             n += 1
     return buf.getvalue(), n
 
@@ -69,6 +73,16 @@ def shard_tar(shard: int, images: pa.Table, stats: pa.Table, digits: int = INDEX
 def _strict(meta: dict) -> dict:
     """NaN (e.g. `ar`'s acceptance rate: it speculates nothing) as null: strict JSON readers reject NaN."""
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in meta.items()}
+
+
+def _json_value(v):
+    """An input column's value JSON has no type for (inputs.columns keeps them with their Arrow types): dates and
+    times as ISO 8601, bytes as base64, decimals and anything else as text."""
+    if isinstance(v, (datetime.date, datetime.time)):
+        return v.isoformat()
+    if isinstance(v, bytes):
+        return base64.b64encode(v).decode()
+    return str(v)
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -96,4 +110,5 @@ def _read_images(f) -> list[dict]:
 WEBDATASET = register(Format(
     name="webdataset", kind="tar", file_name=tar_name,
     encode=lambda shard, images, stats, shard_size: shard_tar(shard, images, stats, index_digits(shard_size)),
-    export_name=tar_name, stats_export_name=lambda shard: f"{shard:05d}.parquet", read_images=_read_images))
+    export_name=tar_name, stats_export_name=lambda shard: f"{shard:05d}.parquet", read_images=_read_images,
+    card_files="*.tar", card_stats="*.parquet"))

@@ -26,6 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ssdgen.storage.endpoints import endpoint_of, is_s3, probe, refused, unreachable
+
+from .columns import extra_fields
 from .pinned import InputError, Pin, PinnedFile, changed, is_expired, take_pin
 
 
@@ -40,6 +42,7 @@ class InputFile:
     identity: str | None = None  # the content's identity (ETag, version, SHA-256): `with_identities` fills it
     pin: Pin | None = None       # what every later read is held to (inputs.pinned): `with_identities` fills it
     wide_seeds: bool = False     # the seed column is uint64, so values may not fit an int64: `check_seeds` reads it
+    extra: tuple[pa.Field, ...] = ()  # its columns beyond prompt, prompt_id and seed (inputs.columns)
 
 
 _GLOB_CHARS = "*?["
@@ -233,7 +236,7 @@ def _footer(fs, path: str, url: str, size: int, storage_options: dict | None) ->
                          f"footer says {md.num_rows})")
     wide = has_seed and pa.types.is_uint64(_value_type(schema.field("seed").type))
     return InputFile(url=url, num_rows=md.num_rows, row_groups=row_groups, size=size,
-                     has_prompt_id=has_id, has_seed=has_seed, wide_seeds=wide)
+                     has_prompt_id=has_id, has_seed=has_seed, wide_seeds=wide, extra=extra_fields(schema))
 
 
 def list_inputs(urls: list[str], storage_options: dict | None = None) -> list[InputFile]:

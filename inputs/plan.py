@@ -6,12 +6,12 @@ cumulative row counts: footer metadata only, pure arithmetic, O(files) memory, s
 the same shards (a shard id is a stable unit of work and output across retries and resumes) and a run over
 millions of prompts never holds a list of its shards.
 
-`read_shard` reads one shard's rows, touching only the row groups that overlap it, in record batches through
-a `RowReader` (inputs.row_reader): memory is bounded whatever the size of a row group, a row group is decoded
-about once however many shards it holds, and every read is of the content the run pinned at its start
-(inputs.pinned). Bad rows (null prompt, invalid UTF-8) come back as `Row`s with `error` set; they never fail the
-shard. Storage errors are raised as-is (OSError, ...) so the caller can retry them as transient; a changed input
-is an InputError naming the file.
+`read_shard` reads one shard's rows (`read_shard_columns` also the input columns the run keeps: inputs.columns),
+touching only the row groups that overlap it, in record batches through a `RowReader` (inputs.row_reader):
+memory is bounded whatever the size of a row group, a row group is decoded about once however many shards it
+holds, and every read is of the content the run pinned at its start (inputs.pinned). Bad rows (null prompt,
+invalid UTF-8) come back as `Row`s with `error` set; they never fail the shard. Storage errors are raised as-is
+(OSError, ...) so the caller can retry them as transient; a changed input is an InputError naming the file.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ssdgen.inputs.columns import shard_columns
 from ssdgen.inputs.files import InputFile, derive_prompt_id, derive_seed, prompt_ids_as_text
 from ssdgen.inputs.row_reader import RowReader
 
@@ -122,39 +123,55 @@ def _decode(value: bytes, name: str) -> tuple[str, str | None]:
 
 def read_shard(files: list[InputFile], shard: Shard, run_seed: int,
                storage_options: dict | None = None, reader: RowReader | None = None) -> list[Row]:
-    """The shard's rows in order. prompt_id: the column's value as text, else derived from (file, row).
-    seed: the column's value, else derive_seed(run_seed, prompt_id); a null seed or null prompt_id is
-    derived the same way (a null is "not given", not an error). reader: the run's (shared by its I/O threads),
-    else one of the shard's own, with `storage_options`."""
+    """The shard's rows in order (`read_shard_columns` without the kept columns)."""
+    return read_shard_columns(files, shard, run_seed, storage_options, reader)[0]
+
+
+def read_shard_columns(files: list[InputFile], shard: Shard, run_seed: int, storage_options: dict | None = None,
+                       reader: RowReader | None = None, kept: pa.Schema | None = None) -> tuple[list[Row], pa.Table]:
+    """(The shard's rows in order, the input columns the run keeps for them: a table of `kept`, a row per Row).
+    prompt_id: the column's value as text, else derived from (file, row). seed: the column's value, else
+    derive_seed(run_seed, prompt_id); a null seed or null prompt_id is derived the same way (a null is "not
+    given", not an error). reader: the run's (shared by its I/O threads, reading `kept`'s columns), else one of
+    the shard's own, with `storage_options`."""
+    kept = kept if kept is not None else pa.schema([])
     if reader is None:
-        own = RowReader(storage_options)
+        own = RowReader(storage_options, extra=tuple(kept.names))
         try:
-            return read_shard(files, shard, run_seed, reader=own)
+            return read_shard_columns(files, shard, run_seed, reader=own, kept=kept)
         finally:
             own.close()
     out: list[Row] = []
+    tables: list[pa.Table] = []
     for piece in shard.pieces:
         f = files[piece.file]
         if piece.start == piece.stop:
             continue
         table = _read_piece(f, piece, reader)
-        n = piece.stop - piece.start
-        prompts = _as_bytes(table.column("prompt"))
-        ids = _as_bytes(prompt_ids_as_text(table.column("prompt_id"))) if f.has_prompt_id else [None] * n
-        seeds = table.column("seed").to_pylist() if f.has_seed else [None] * n
-        for k in range(n):
-            errors = []
-            if ids[k] is None:
-                prompt_id = derive_prompt_id(f.url, piece.start + k)
-            else:
-                prompt_id, err = _decode(ids[k], "prompt_id")
-                errors += [err] if err else []
-            if prompts[k] is None:
-                prompt, err = None, "prompt is null"
-            else:
-                prompt, err = _decode(prompts[k], "prompt")
-                prompt = None if err else prompt
+        out += _rows(f, piece, table, run_seed)
+        tables.append(table)
+    return out, shard_columns(tables, kept)
+
+
+def _rows(f: InputFile, piece: Piece, table: pa.Table, run_seed: int) -> list[Row]:
+    n = piece.stop - piece.start
+    prompts = _as_bytes(table.column("prompt"))
+    ids = _as_bytes(prompt_ids_as_text(table.column("prompt_id"))) if f.has_prompt_id else [None] * n
+    seeds = table.column("seed").to_pylist() if f.has_seed else [None] * n
+    out = []
+    for k in range(n):
+        errors = []
+        if ids[k] is None:
+            prompt_id = derive_prompt_id(f.url, piece.start + k)
+        else:
+            prompt_id, err = _decode(ids[k], "prompt_id")
             errors += [err] if err else []
-            seed = seeds[k] if seeds[k] is not None else derive_seed(run_seed, prompt_id)
-            out.append(Row(prompt_id=prompt_id, prompt=prompt, seed=seed, error="; ".join(errors) or None))
+        if prompts[k] is None:
+            prompt, err = None, "prompt is null"
+        else:
+            prompt, err = _decode(prompts[k], "prompt")
+            prompt = None if err else prompt
+        errors += [err] if err else []
+        seed = seeds[k] if seeds[k] is not None else derive_seed(run_seed, prompt_id)
+        out.append(Row(prompt_id=prompt_id, prompt=prompt, seed=seed, error="; ".join(errors) or None))
     return out

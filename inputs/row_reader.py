@@ -32,7 +32,8 @@ COLUMNS = ("prompt", "prompt_id", "seed")
 class _Cursor:
     """One row group of one file, read front to back; `take` gives rows at or ahead of what it still keeps."""
 
-    def __init__(self, f: InputFile, group: int, storage_options: dict | None, keep_rows: int):
+    def __init__(self, f: InputFile, group: int, storage_options: dict | None, keep_rows: int,
+                 extra: tuple[str, ...] = ()):
         self.key, self.keep_rows = (f.url, group), keep_rows
         self.file = PinnedFile(f.url, f.pin, storage_options, block_size=BLOCK)
         try:
@@ -43,7 +44,7 @@ class _Cursor:
                 # Rows would silently shift; retrying cannot help, so this is not an OSError.
                 raise InputError(f"{f.url}: file changed since it was listed ({md.num_rows} rows in {len(found)} "
                                  f"row groups, expected {f.num_rows} in {len(f.row_groups)})")
-            columns = [c for c in COLUMNS if c in pf.schema_arrow.names]
+            columns = [c for c in (*COLUMNS, *extra) if c in pf.schema_arrow.names]
             self.batches = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns)
         except BaseException as e:
             self.file.close()
@@ -120,10 +121,12 @@ def _part(s: int, b: pa.RecordBatch, start: int, stop: int) -> pa.RecordBatch:
 class RowReader:
     """Rows of input files by (file, row group, row range), through at most `cursors` open cursors, shared by
     threads. keep_rows: how far behind its newest row a cursor still serves (about the rows a window's shards
-    span). Close it when done: it holds open files."""
+    span). extra: the input columns the run keeps (inputs.columns), read where a file has them. Close it when
+    done: it holds open files."""
 
-    def __init__(self, storage_options: dict | None = None, cursors: int = 4, keep_rows: int = 4 * BATCH_ROWS):
-        self.storage_options, self.size, self.keep_rows = storage_options, cursors, keep_rows
+    def __init__(self, storage_options: dict | None = None, cursors: int = 4, keep_rows: int = 4 * BATCH_ROWS,
+                 extra: tuple[str, ...] = ()):
+        self.storage_options, self.size, self.keep_rows, self.extra = storage_options, cursors, keep_rows, extra
         self.cursors: list[_Cursor] = []  # least recently used first
         self.lock = threading.Lock()
 
@@ -132,7 +135,7 @@ class RowReader:
         while True:
             cur = self._pick((f.url, group), start)
             if cur is None:
-                cur = _Cursor(f, group, self.storage_options, self.keep_rows)
+                cur = _Cursor(f, group, self.storage_options, self.keep_rows, self.extra)
                 self._add(cur)
             try:
                 got = cur.take(start, stop)

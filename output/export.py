@@ -1,4 +1,5 @@
-"""Copying a run's committed output into a flat folder a data loader takes (`ssdgen export`, `ssdgen.export`).
+"""Copying a run's committed output into a flat folder a data loader takes (`ssdgen export`, `ssdgen.export`),
+with a dataset card (output.card) that `datasets` and the Hugging Face Hub read.
 
 Only what the commit markers name is copied (through output.reader), each file checked against the SHA-256 its
 marker recorded as it streams. An export in a format the run did not write gets its files built from the run's
@@ -11,44 +12,66 @@ import hashlib
 import posixpath
 
 import fsspec
+import pyarrow.parquet as pq
 
 from ssdgen.formats import FORMATS, check_export_format
 
-from .layout import IMAGES_SCHEMA, STATS_SCHEMA, Output
-from .reader import committed_shards, read_columns
+from .card import CARD, card
+from .layout import STATS_SCHEMA, Output
+from .reader import committed_shards, read_columns, run_images_schema
 
 CHUNK = 8 * 2**20  # bytes per read while copying a file
 
 
 def export(url: str, to: str, fmt: str = "parquet", fresh: bool = False) -> dict:
     """Copy the committed files of the run at `url` into a flat folder `to` (any fsspec URL) for a loader, in
-    the layout of the format `fmt` (formats/):
+    the layout of the format `fmt` (formats/), with a dataset card (README.md, output.card) so that
+    `datasets.load_dataset(to)` loads it:
 
-        parquet     TO/images/{shard:05d}.parquet, TO/stats/{shard:05d}.parquet
+        parquet     TO/images/{shard:05d}.parquet, TO/stats/{shard:05d}.parquet (the card's `stats` config)
         webdataset  TO/{shard:05d}.tar, TO/{shard:05d}.parquet (the statistics sidecar, as img2dataset writes)
+        hf          TO/data/train-{shard:05d}.parquet: images and statistics in one table, ok rows only
 
-    Each copy is checked against the SHA-256 in its marker. A run without the format's files gets them built
-    from its images Parquet, as the flow would have written them. Returns {"shards", "files", "bytes", "to"}."""
+    Each copy is checked against the SHA-256 in its marker. A run without the format's files (hf always) gets
+    them built from its images Parquet, as the flow would have written them. Returns {"shards", "files",
+    "bytes", "rows", "to"}."""
     check_export_format(fmt)
     f = FORMATS[fmt]
     src, dst = Output(url), Output(to)
     man = committed_shards(url, fresh).to_pylist()
     if not man:
         raise FileNotFoundError(f"{url}: no committed shards yet")
-    shard_size, (col, sha) = src.read_config()["shard_size"], f.manifest_columns
-    sizes = []
+    conf = src.read_config()
+    sizes, rows = [], 0
     for m in man:
-        shard = int(m["shard"])
-        if m[col] is not None:
-            sizes.append(_copy(src, m[col], m[sha], dst, dst.path(f.export_name(shard))))
-        elif m.get("images_url") is not None:
-            sizes.append(_build(src, m, f, shard_size, dst, dst.path(f.export_name(shard))))
-        else:
-            has = [g.name for g in FORMATS.values() if m.get(g.manifest_columns[0]) is not None]
-            raise ValueError(f"{url}: shard {shard} has no {fmt} file and no images Parquet to build it from; "
-                             f"export it with --format {' or '.join(has) or 'the format the run wrote'}")
-        sizes.append(_copy(src, m["stats_url"], m["stats_sha256"], dst, dst.path(f.stats_export_name(shard))))
-    return {"shards": len(man), "files": len(sizes), "bytes": sum(sizes), "to": to}
+        size, n = _shard(src, m, f, conf["shard_size"], dst)
+        sizes.append(size)
+        rows += n
+        if f.stats_export_name is not None:
+            sizes.append(_copy(src, m["stats_url"], m["stats_sha256"], dst, dst.path(f.stats_export_name(int(
+                m["shard"])))))
+    schema = _schema(dst, dst.path(f.export_name(int(man[0]["shard"])))) if f.stats_export_name is None else None
+    text = card(src, conf, f, man, schema, rows if schema is not None else None).encode()
+    dst.fs.pipe_file(dst.path(CARD), text)
+    return {"shards": len(man), "files": len(sizes) + 1, "bytes": sum(sizes) + len(text), "rows": rows, "to": to}
+
+
+def _shard(src: Output, m: dict, f, shard_size: int, dst: Output) -> tuple[int, int]:
+    """A committed shard's file in format `f` in the export folder: copied, or built -> (bytes, rows)."""
+    shard, path = int(m["shard"]), dst.path(f.export_name(int(m["shard"])))
+    col, sha = f.manifest_columns
+    if f.run and m.get(col) is not None:
+        return _copy(src, m[col], m[sha], dst, path), int(m["rows"])
+    if m.get("images_url") is not None:
+        return _build(src, m, f, shard_size, dst, path)
+    has = [g.name for g in FORMATS.values() if m.get(g.manifest_columns[0]) is not None]
+    raise ValueError(f"{src.url}: shard {shard} has no {f.name} file and no images Parquet to build it from; "
+                     f"export it with --format {' or '.join(has) or 'the format the run wrote'}")
+
+
+def _schema(dst: Output, path: str):
+    with dst.fs.open(path, "rb") as fh:
+        return pq.read_schema(fh)
 
 
 def _copy(src: Output, url: str, sha256: str | None, dst: Output, path: str) -> int:
@@ -66,14 +89,16 @@ def _copy(src: Output, url: str, sha256: str | None, dst: Output, path: str) -> 
     return n
 
 
-def _build(src: Output, m: dict, f, shard_size: int, dst: Output, path: str) -> int:
-    """A committed shard's file in format `f`, built from its images Parquet as the flow builds it."""
-    images = read_columns(src, [m["images_url"]], IMAGES_SCHEMA, IMAGES_SCHEMA.names)
+def _build(src: Output, m: dict, f, shard_size: int, dst: Output, path: str) -> tuple[int, int]:
+    """A committed shard's file in format `f`, built from its images Parquet as the flow builds it -> (bytes,
+    rows)."""
+    schema = run_images_schema(src, [m["images_url"]])  # with the input columns the run kept
+    images = read_columns(src, [m["images_url"]], schema, schema.names)
     stats = read_columns(src, [m["stats_url"]], STATS_SCHEMA, STATS_SCHEMA.names)
-    data, _ = f.encode(int(m["shard"]), images, stats, shard_size)
+    data, rows = f.encode(int(m["shard"]), images, stats, shard_size)
     _parent(dst, path)
     dst.fs.pipe_file(path, data)
-    return len(data)
+    return len(data), rows
 
 
 def _parent(out: Output, path: str) -> None:

@@ -37,7 +37,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ssdgen.decoders.sample_stats import stat_columns
-from ssdgen.formats import FORMATS
+from ssdgen.formats import written
+from ssdgen.formats.hf import IMAGE_TYPE, hf_metadata
 from ssdgen.storage.store import CorruptMarker, Store
 
 from .cost import Price, recorded_price
@@ -49,34 +50,22 @@ PRICE = "_price.json"  # not in _config.json: a price decides no image, so a res
 DIGEST_KEY = "ssdgen.markers"  # the manifest's metadata key for the commits it names (output.marker.MarkerDigest)
 DAMAGED = "_DAMAGED"  # a marker whose files failed verification is moved to _DAMAGED-{uuid}.json beside it
 
-# `image` is the struct Hugging Face `datasets` stores its Image feature as ({bytes, path}); with the features
-# in the schema metadata below, `datasets.load_dataset("parquet", ...)` decodes it to a PIL image, while
-# pandas, polars, duckdb and Ray Data read it as a plain struct. `image_format` says how the bytes are encoded.
-IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+# `image` is the struct `datasets` reads as its Image feature (formats/hf.py), with the features in the schema
+# metadata; `image_format` says how the bytes are encoded.
 _IMAGES_FIELDS = [
     ("prompt_id", pa.string()), ("prompt", pa.string()), ("seed", pa.int64()), ("decoder", pa.string()),
     ("model", pa.string()), ("image", IMAGE_TYPE), ("image_format", pa.string()), ("width", pa.int32()),
     ("height", pa.int32()), ("grid_height", pa.int32()), ("grid_width", pa.int32()), ("tokens", pa.list_(pa.int32())),
 ]
+IMAGES_SCHEMA = pa.schema(_IMAGES_FIELDS, metadata=hf_metadata(_IMAGES_FIELDS))
 
 
-def _hf_feature(t: pa.DataType) -> dict:
-    """A column's `datasets` feature as JSON. Lists use the `Sequence` spelling, which every `datasets` release
-    reads (newer ones translate it to `List`)."""
-    if t == IMAGE_TYPE:
-        return {"_type": "Image"}
-    if pa.types.is_list(t):
-        return {"feature": _hf_feature(t.value_type), "_type": "Sequence"}
-    return {"dtype": str(t), "_type": "Value"}
-
-
-def _hf_metadata(fields: list[tuple[str, pa.DataType]]) -> dict[bytes, bytes]:
-    """The schema metadata `datasets` reads its features from (key b"huggingface")."""
-    features = {name: _hf_feature(t) for name, t in fields}
-    return {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
-
-
-IMAGES_SCHEMA = pa.schema(_IMAGES_FIELDS, metadata=_hf_metadata(_IMAGES_FIELDS))
+def images_schema(kept: pa.Schema | None = None) -> pa.Schema:
+    """images.parquet's columns: the sample's own, then the input columns the run keeps (inputs.columns)."""
+    if kept is None or not len(kept):
+        return IMAGES_SCHEMA
+    fields = _IMAGES_FIELDS + [(f.name, f.type) for f in kept]
+    return pa.schema(fields, metadata=hf_metadata(fields))
 _ARROW = {"int8": pa.int8(), "int32": pa.int32(), "float64": pa.float64(), "list<int8>": pa.list_(pa.int8()),
           "list<int32>": pa.list_(pa.int32())}
 # the sample's own columns, then every statistic as decoders/sample_stats.py defines it, then the pipeline's
@@ -86,6 +75,10 @@ _SAMPLE = [("prompt_id", pa.string()), ("status", pa.string()), ("error", pa.str
            ("decoder", pa.string()), ("grid_height", pa.int32()), ("grid_width", pa.int32())]
 STAT_COLUMNS = [(name, _ARROW[kind]) for name, kind in stat_columns()]
 STATS_SCHEMA = pa.schema(_SAMPLE + STAT_COLUMNS + [("latency_s", pa.float64()), ("device_seconds", pa.float64())])
+# names an input column the run keeps may not take: the images' and statistics' own (and the WebDataset JSON's
+# key and shard: formats/webdataset.py), except the inputs' own prompt, prompt_id and seed
+RESERVED_COLUMNS = frozenset(IMAGES_SCHEMA.names + STATS_SCHEMA.names + ["key", "shard"]) - {
+    "prompt", "prompt_id", "seed"}
 
 
 _MANIFEST_BASE = [
@@ -96,7 +89,7 @@ _MANIFEST_BASE = [
 def manifest_schema() -> pa.Schema:
     """The manifest's columns: the shard's, its statistics' and audit's, then each registered format's URL and
     SHA-256 (formats/: images_url with Parquet, tar_url with WebDataset; null where the run wrote no such file)."""
-    return pa.schema(_MANIFEST_BASE + [(c, pa.string()) for f in FORMATS.values() for c in f.manifest_columns])
+    return pa.schema(_MANIFEST_BASE + [(c, pa.string()) for f in written() for c in f.manifest_columns])
 
 
 def _shard_of(path: str) -> int:
@@ -312,7 +305,7 @@ def manifest_row(out: Output, m: Marker) -> dict:
 
     row = {"shard": m.shard, "attempt": m.attempt, "rows": m.rows, "ok": m.ok, "failed": m.failed,
            "stats_url": url("stats"), "stats_sha256": sha("stats"), "audit_url": url("audit")}
-    for f in FORMATS.values():
+    for f in written():
         row |= dict(zip(f.manifest_columns, (url(f.kind), sha(f.kind))))
     return row
 
@@ -340,10 +333,11 @@ def _changed_input(old: list[dict], new: list[dict]) -> str | None:
 
 
 def shard_tables(samples: dict, rows: list[dict], decoder: str, model: str, image_format: str = "png",
-                 devices: float = 1.0) -> tuple[pa.Table, pa.Table]:
+                 devices: float = 1.0, kept: pa.Table | None = None) -> tuple[pa.Table, pa.Table]:
     """Decoded samples (prompt_id -> workers.results.Sample) + their input rows -> (images table, stats table), a
     row per input row, paired by prompt_id. A failed sample's `image` is null (not a struct of nulls), so
-    readers filter it with an ordinary null check. devices: an actor's, for each sample's device-seconds."""
+    readers filter it with an ordinary null check. devices: an actor's, for each sample's device-seconds.
+    kept: the input columns the run keeps, a row per input row in order (inputs.plan.read_shard_columns)."""
     img_rows, stat_rows = [], []
     for r in rows:
         s = samples[r["prompt_id"]]
@@ -358,6 +352,8 @@ def shard_tables(samples: dict, rows: list[dict], decoder: str, model: str, imag
                           "grid_width": grid[1]}
                          | {name: st.get(name) for name, _ in STAT_COLUMNS}
                          | {"latency_s": s.latency_s, "device_seconds": s.latency_s * devices})
-    return (pa.Table.from_pylist(img_rows, schema=IMAGES_SCHEMA),
-            pa.Table.from_pylist(stat_rows, schema=STATS_SCHEMA))
+    images = pa.Table.from_pylist(img_rows, schema=IMAGES_SCHEMA)
+    if kept is not None and kept.num_columns:
+        images = pa.Table.from_arrays(images.columns + kept.columns, schema=images_schema(kept.schema))
+    return images, pa.Table.from_pylist(stat_rows, schema=STATS_SCHEMA)
 

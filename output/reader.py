@@ -34,12 +34,13 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from ssdgen.decoders.spec import DecodeSpec, speculative_rows
-from ssdgen.formats import FORMATS
+from ssdgen.formats import written
 from ssdgen.workers.results import UNRECORDED
 
 from .audit import DEFAULT_TOLERANCE, summarize as audit_summary
 from .cost import Price, check_price_options, price_from, run_summary
-from .layout import CONFIG, IMAGES_SCHEMA, MANIFEST, STATS_SCHEMA, SUMMARY, Output, manifest_row, manifest_schema
+from .layout import (CONFIG, IMAGES_SCHEMA, MANIFEST, STATS_SCHEMA, SUMMARY, Output, images_schema, manifest_row,
+                     manifest_schema)
 from .verify import damaged_shards
 
 
@@ -68,25 +69,36 @@ def open_run(url: str, columns: list[str] | None = None, fresh: bool = False) ->
     man = committed_shards(url, fresh)
     if man.num_rows == 0:
         raise FileNotFoundError(f"{url}: no committed shards yet")
-    unknown = set(columns or ()) - set(IMAGES_SCHEMA.names) - set(STATS_SCHEMA.names)
-    if unknown:
-        raise ValueError(f"open_run: no column {', '.join(sorted(unknown))} (images: {', '.join(IMAGES_SCHEMA.names)}; "
-                         f"statistics: {', '.join(STATS_SCHEMA.names)})")
     images_urls = [u for u in man.column("images_url").to_pylist() if u]
+    img_schema = run_images_schema(out, images_urls)
+    unknown = set(columns or ()) - set(img_schema.names) - set(STATS_SCHEMA.names)
+    if unknown:
+        raise ValueError(f"open_run: no column {', '.join(sorted(unknown))} (images: {', '.join(img_schema.names)}; "
+                         f"statistics: {', '.join(STATS_SCHEMA.names)})")
 
     def wanted(schema: pa.Schema, skip=()) -> list[str]:
         return [n for n in schema.names if n == "prompt_id" or (n not in skip and (columns is None or n in columns))]
 
-    img_cols = wanted(IMAGES_SCHEMA) if images_urls else []
+    img_cols = wanted(img_schema) if images_urls else []
     stats = read_columns(out, man.column("stats_url").to_pylist(), STATS_SCHEMA, wanted(STATS_SCHEMA, skip=img_cols))
     if not images_urls:  # --format webdataset alone: the images are in the tars
         return ds.dataset(stats)
-    images = read_columns(out, images_urls, IMAGES_SCHEMA, img_cols)
+    images = read_columns(out, images_urls, img_schema, img_cols)
     # a left join that keeps the images' order: every image row takes the stats row with its prompt_id
     at = pc.index_in(images.column("prompt_id"), value_set=stats.column("prompt_id"))
     matched = stats.drop_columns(["prompt_id"]).take(at)
     return ds.dataset(pa.Table.from_arrays(images.columns + matched.columns,
                                            names=images.column_names + matched.column_names))
+
+
+def run_images_schema(out: Output, urls: list[str]) -> pa.Schema:
+    """The run's images columns: the sample's own (IMAGES_SCHEMA) and the input columns the run kept
+    (inputs.columns), which every shard of a run has alike (its config pins them): from the first file's footer."""
+    if not urls:
+        return IMAGES_SCHEMA
+    with out.fs.open(fsspec.core.split_protocol(urls[0])[1], "rb") as f:
+        found = pq.read_schema(f)
+    return images_schema(pa.schema([f for f in found if f.name not in IMAGES_SCHEMA.names]))
 
 
 def read_columns(out: Output, urls: list[str], schema: pa.Schema, names: list[str]) -> pa.Table:
@@ -101,7 +113,7 @@ def shard_images(out: Output, row: dict) -> list[dict]:
     """A committed shard's image rows (formats.parquet.IMAGE_COLS, `image` as the encoded bytes or None), read
     back by the first format the run wrote that can (formats/: its images Parquet, else its WebDataset tar).
     `row` is its committed_shards row."""
-    for f in FORMATS.values():
+    for f in written():
         url = row.get(f.manifest_columns[0])
         if url and f.read_images is not None:
             with out.fs.open(fsspec.core.split_protocol(url)[1], "rb") as fh:
@@ -245,6 +257,7 @@ def run_status(url: str, deep: bool = False, prices=None, usd_per_hour=None, spo
     committed = done.count(1)
     return {"out": url, "shards_total": n_shards, "shards_done": committed, "shards_failed": failed,
             "shards_pending": n_shards - committed - len(failed), "images_ok": ok, "images_failed": n_failed,
+            "interrupted": bool(recorded.get("interrupted")) and committed < n_shards,
             "errors_by_reason": dict(fold.reasons.most_common()), "rows_by_decoder": dict(fold.decoders.most_common()),
             "damaged": damaged, "cost": cost,
             "price_given": given, "audit": audit, "decode_plan": plan_summary(out.read_plan())}

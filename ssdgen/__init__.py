@@ -1,14 +1,14 @@
 """ssdgen: batch image generation with speculative decoders for AR image transformers.
 
-One import namespace holds the layers, each a folder of the repository (README.md, "Layout"):
-ssdgen.decoders < ssdgen.reference < ssdgen.models < ssdgen.workers < ssdgen.storage < ssdgen.formats < ssdgen.flows
-< ssdgen.bench < ssdgen.cli.
-From Python, `ssdgen.open_run(URL)` reads a run's committed output and `ssdgen.export(URL, DIR, fmt)` copies it
-into a flat folder (output/reader.py, output/export.py)."""
+One import namespace holds the layers, each a folder of the repository (README.md, "Architecture"):
+ssdgen.decoders < reference < models < workers < storage < inputs < formats < output < flows < bench < cli.
+From Python (ssdgen/api.py): `ssdgen.generate(prompts=..., out=..., ...)` runs a generation and returns its
+summary, `ssdgen.sample(prompts)` returns images, `ssdgen.open_run(URL)` reads a run's committed output and
+`ssdgen.export(URL, DIR, fmt)` copies it into a folder `datasets` loads (output/reader.py, output/export.py)."""
 
 import os as _os
 
-__all__ = ["open_run", "export", "committed_shards"]
+__all__ = ["generate", "sample", "open_run", "export", "committed_shards"]
 
 # Quiet and offline by default, on every entry point (the CLI, `import ssdgen...` from Python, `ssdgen serve`,
 # the Ray actors and Prefect's flow-run processes all import this package first): Prefect's temporary server
@@ -25,6 +25,9 @@ def __getattr__(name: str):
     if name == "export":
         from ssdgen.output.export import export
         return export
+    if name in ("generate", "sample"):
+        from ssdgen import api
+        return getattr(api, name)
     if name in __all__:
         from ssdgen.output import reader
         return getattr(reader, name)

@@ -52,6 +52,7 @@ def run(*args, timeout=300):
     (["status", "/nonexistent/run"], "no ssdgen run here"),
     (["generate", "--prompts", "x.parquet", "--dtype", "fp16"], "--dtype fp16 is not supported on the CPU"),
     (["serve", "--prompts", "x.parquet", "--out", "o", "--dtype", "fp8"], "--dtype must be one of"),
+    (["serve", "--prompts", "x.parquet", "--out", "o", "--cron", "every night"], "--cron 'every night': Invalid"),
     (["export", "/nonexistent/run", "--to", "x"], "no ssdgen run here"),
     (["train-heads", "--kind", "latent,pixel", "--out", "/nonexistent/heads"],
      "--kind must be latent, token or latent,token"),
@@ -137,6 +138,14 @@ def test_dash_h_is_help_on_the_app_and_every_command(path):
     assert "Usage: " in short.output and short.output == long.output
 
 
+@pytest.mark.integration
+def test_shell_completion_is_offered_for_the_installed_command():
+    """`ssdgen --install-completion` / `--show-completion SHELL`, as Typer apps offer them."""
+    r = subprocess.run([str(Path(sys.executable).parent / "ssdgen"), "--show-completion", "bash"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "_SSDGEN_COMPLETE" in r.stdout and "complete " in r.stdout, r.stderr[-2000:]
+
+
 def test_version_is_the_installed_distributions():
     r = CliRunner().invoke(app, ["--version"])
     assert r.exit_code == 0 and r.output == f"ssdgen {version('ssdgen')}\n"
@@ -156,7 +165,8 @@ def test_help_lists_users_commands_in_panels_and_maintainers_under_dev():
 def test_serve_takes_every_setting_generate_takes_and_checks_them_first():
     root = typer.main.get_command(app)
     names = {c: {p.name for p in root.commands[c].params} for c in ("generate", "serve")}
-    assert names["generate"] - {"overwrite", "progress"} <= names["serve"], names["generate"] - names["serve"]
+    own = {"overwrite", "progress", "dry_run"}  # generate's own: what one run does now
+    assert names["generate"] - own <= names["serve"], names["generate"] - names["serve"]
     # --seed and --ray-address reach the settings serve validates before Prefect (a stray key: a TypeError)
     r = CliRunner().invoke(app, ["serve", "--prompts", "x.parquet", "--out", "o", "--seed", "7", "--ray-address",
                                  "127.0.0.1:1", "--audit", "2"])
@@ -228,7 +238,7 @@ def test_generate_and_serve_take_every_run_setting_from_the_settings_class():
     commands, with the field's description as its help, and nothing else is a setting there."""
     from ssdgen.flows.settings import RunSettings
     root = typer.main.get_command(app)
-    own = {"generate": {"overwrite", "progress"}, "serve": {"cron", "name"}}
+    own = {"generate": {"overwrite", "progress", "dry_run"}, "serve": {"cron", "name"}}
     for cmd, extra in own.items():
         opts = {p.name: p for p in root.commands[cmd].params}
         assert set(opts) == set(RunSettings.model_fields) | extra, cmd

@@ -49,7 +49,8 @@ def test_a_registered_format_is_written_listed_read_back_and_exported(tmp_path, 
     want = {r["prompt_id"]: r["image"]["bytes"] if r["image"] else None for r in images.to_pylist()}
     assert {r["prompt_id"]: r["image"] for r in shard_images(out, row)} == want  # the image bytes, read back
     r = ssdgen.export(out.url, str(tmp_path / "x"), "jsonl")
-    assert r["files"] == 2 and sorted(p.name for p in (tmp_path / "x").iterdir()) == ["00000.jsonl", "00000.parquet"]
+    assert r["files"] == 3 and sorted(p.name for p in (tmp_path / "x").iterdir()) == [
+        "00000.jsonl", "00000.parquet", "README.md"]  # with its dataset card (output/card.py)
     # a Parquet run exports to the new format too: built from its images Parquet by the format's encode
     pq_run = Output(str(tmp_path / "p"))
     pq_run.write_config({"shard_size": 4}, replacing=False)

@@ -72,8 +72,13 @@ def sources(layer: str) -> list[Path]:
     return sorted(FOLDERS[layer].rglob("*.py"))
 
 
+def root_sources() -> list[Path]:
+    """The namespace's root: ssdgen/__init__.py and the Python API (ssdgen/api.py), above every layer but the CLI."""
+    return sorted((ROOT / "ssdgen").glob("*.py"))
+
+
 def all_sources() -> list[Path]:
-    return [p for layer in ORDER for p in sources(layer)] + [ROOT / "ssdgen" / "__init__.py"]
+    return [p for layer in ORDER for p in sources(layer)] + root_sources()
 
 
 @pytest.mark.parametrize("layer", ORDER)
@@ -82,6 +87,12 @@ def test_each_layer_imports_only_itself_and_those_below(layer):
     bad = {f"{p.relative_to(ROOT)}: {m}" for p in sources(layer) for m in imported_modules(p)
            if layer_of(m) is not None and layer_of(m) not in allowed}
     assert not bad, sorted(bad)
+
+
+def test_the_root_and_its_python_api_use_every_layer_but_the_cli():
+    bad = {f"{p.relative_to(ROOT)}: {m}" for p in root_sources() for m in imported_modules(p)
+           if layer_of(m) == "cli" or m.split(".")[0] == "typer"}
+    assert not bad and ROOT / "ssdgen" / "api.py" in root_sources(), sorted(bad)
 
 
 @pytest.mark.parametrize("layer", sorted(THIRD_PARTY))

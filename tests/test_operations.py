@@ -238,11 +238,26 @@ def test_ctrl_c_stops_a_run_cleanly_a_second_driver_is_refused_and_a_rerun_compl
     committed = len(list(out.glob("shards/*/_SUCCESS.json")))
     assert last.startswith(f"interrupted: {committed}/12 "), last
     assert committed < 12 and not list(out.rglob("*.tmp-*"))
+    assert "Interrupted: interrupted" not in (tmp_path / "a.log").read_text()
+    st = json.loads(ssdgen("status", str(out), "--json").stdout)  # stopped shards are pending, not failed
+    assert st["interrupted"] and st["shards_failed"] == {} and st["shards_pending"] == 12 - committed, st
     again = ssdgen(*args)
     no_traceback(again)
     assert again.returncode == 0, again.stderr[-3000:]
     ids = prompt_ids(out)
     assert len(ids) == 48 and len(set(ids)) == 48
+
+
+def test_the_progress_bar_keeps_a_line_of_its_own(tmp_path):
+    """Log lines printed while the bar shows start on their own line: what a terminal shows of each line (the
+    text after its last carriage return) is the bar or a log line, never both."""
+    write_parquet(None, tmp_path / "p.parquet", eval_rows(12))
+    args = [a for a in RUN_ARGS if a != "--no-progress"]
+    proc = ssdgen("generate", "--prompts", str(tmp_path / "p.parquet"), "--out", str(tmp_path / "run"), *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shown = [line.split("\r")[-1] for line in (proc.stdout + proc.stderr).split("\n")]
+    assert any("generate:" in s for s in (proc.stdout + proc.stderr).split("\r")), proc.stderr[-2000:]
+    assert [s for s in shown if "| INFO" in s and "generate:" in s] == []
 
 
 def test_a_second_ctrl_c_stops_at_once(tmp_path):

@@ -88,7 +88,8 @@ def test_an_uncommitted_or_interrupted_tar_is_never_read(tmp_path):
     assert ssdgen.open_run(out.url, columns=["acceptance_rate"]).to_table().column_names == \
         ["prompt_id", "acceptance_rate"]
     r = ssdgen.export(out.url, str(tmp_path / "wds"), "webdataset")
-    assert r["shards"] == 1 and sorted(p.name for p in (tmp_path / "wds").iterdir()) == ["00000.parquet", "00000.tar"]
+    assert r["shards"] == 1 and sorted(p.name for p in (tmp_path / "wds").iterdir()) == [
+        "00000.parquet", "00000.tar", "README.md"]
     keys = [s["__key__"] for s in wds.WebDataset(str(tmp_path / "wds" / "00000.tar"), shardshuffle=False)]
     assert keys == ["000000000", "000000001"]
     ssdgen.export(out.url, str(tmp_path / "pq"), "parquet")

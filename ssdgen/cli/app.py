@@ -28,7 +28,7 @@ DEV = ("train-reference", "train-scorer", "eval-scorer", "tokenizer-report", "fi
        "projection-check", "host-time", "screenshot", "eval-set")
 DEV_PANEL = "Maintainers"
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings=HELP_OPTIONS,
                   help="ssdgen: batch image generation with speculative decoders for AR image transformers.")
 dev = typer.Typer(no_args_is_help=True, context_settings=HELP_OPTIONS,

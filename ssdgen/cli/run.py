@@ -22,38 +22,49 @@ EXAMPLES = str(importlib.resources.files("ssdgen.reference.data").joinpath("exam
 @run_settings()
 def generate(settings: RunSettings,
              overwrite: bool = typer.Option(False, help="delete what --out holds first (the command says what)"),
-             progress: bool = typer.Option(True, help="show a progress bar")):
+             progress: bool = typer.Option(True, help="show a progress bar"),
+             dry_run: bool = typer.Option(False, "--dry-run", help="check everything and say what the run would do "
+                                                                   "(inputs, shards, pending, plan, time and cost); "
+                                                                   "start nothing, write nothing")):
     """Generate images for Parquet prompts with a Prefect flow on Ray actors; resumable (run it again)."""
+    if dry_run:
+        return _print_dry_run(settings)
     _run(settings, overwrite, progress)
 
 
+def _print_dry_run(cfg) -> None:
+    from ssdgen.flows.dry_run import dry_run
+    d = dry_run(cfg)
+    typer.echo(f"dry run: nothing started, nothing written; --out {d['out']}")
+    for i in d["inputs"]:
+        typer.echo(f"  input {i['url']}: {i['rows']} rows")
+    damaged = f", {len(d['damaged'])} damaged (re-decoded)" if d["damaged"] else ""
+    typer.echo(f"  {d['rows']} prompts in {d['shards']} shards: {d['committed']} committed, {d['pending']} pending "
+               f"({d['pending_rows']} prompts){damaged}")
+    typer.echo(f"  input columns kept: {', '.join(d['columns']) or 'none'}")
+    if d["changed"]:
+        typer.echo(f"  settings differ from the run's recorded ones ({d['changed']}); nothing is committed, so the "
+                   "run takes the new ones")
+    plan = d["plan"]
+    typer.echo(f"  decode plan: {plan['spec']} ({plan['why']})" if plan else
+               f"  decode plan: {cfg.decoder} " + ("is decided once at the run's start" if cfg.decoder.calibrated
+                                                   else "(concrete: no plan)"))
+    if d["seconds"] is None:
+        typer.echo(f"  time and cost: {d['rate_source']}")
+        return
+    usd = d["usd"]
+    typer.echo(f"  estimate: {d['seconds'] / 60:.1f} min on {cfg.actors} actor(s) at "
+               f"{d['images_per_s_per_actor']:.2f} images/s each ({d['rate_source']}); ${usd['on_demand']:.4f} on "
+               f"demand" + (f", ${usd['spot']:.4f} spot" if usd["spot"] is not None else "")
+               + f" ({d['device_type']})")
+
+
 def _run(cfg, overwrite: bool, progress: bool) -> None:
-    """Check everything before Prefect or Ray start (flows.prepare); end at once when nothing is left to do and
-    the manifest and summary name every commit; else run the flow (which decodes what is pending and rebuilds
-    both, output.converge) and print its summary."""
-    from ssdgen.flows.prepare import output_size, prepare
-    prep = prepare(cfg, overwrite)
-    if overwrite and (found := output_size(prep.out))[0]:
-        typer.echo(f"--overwrite: deleting the run at {prep.out.url} ({found[0]} files, "
-                   f"{found[1] / 2**20:.1f} MiB) before starting")
-    elif not overwrite and not prep.pending and prep.stale is None:
-        return _nothing_to_do(prep)
-    elif not overwrite and not prep.pending:  # the flow rebuilds them from the markers, under the lease
-        typer.echo(f"nothing to decode, but {prep.stale}: rebuilding manifest.parquet and summary.json")
-    from ssdgen.flows.pipeline import generate as flow
-    with flow_console():
-        summary = flow(cfg, progress=progress, overwrite=overwrite)
-    _print_summary(summary)
-
-
-def _nothing_to_do(prep) -> None:
-    """Every shard is committed and passed the check: say so and show the run's recorded totals, unchanged."""
-    from ssdgen.output.layout import SUMMARY
-    typer.echo(f"nothing to do: all {len(prep.plan)} shards of {prep.out.url} are committed and their files "
-               "check out (ssdgen verify reads them all back)")
-    if (recorded := prep.out.read_json(SUMMARY)) is not None:
-        typer.echo("the run's recorded totals (summary.json, unchanged):")
-        _print_summary(recorded | {"shards_run_now": 0, "summary": prep.out.full_url(prep.out.path(SUMMARY))})
+    """The run (flows.run: checks first, then the flow unless nothing is left to do), and its summary printed."""
+    from ssdgen.flows.run import run
+    summary = run(cfg, overwrite, progress, say=typer.echo, around=flow_console)
+    if "images_ok" in summary:  # a run that finished without a summary.json has nothing more to say
+        _print_summary(summary)
 
 
 def _by_reason(s: dict) -> str | None:
@@ -97,9 +108,16 @@ def _print_summary(s: dict) -> None:
 def serve(settings: RunSettings, cron: str = typer.Option("0 2 * * *", help="schedule (cron, UTC)"),
           name: str = typer.Option("nightly", help="the Prefect deployment's name")):
     """Serve the generation flow as a Prefect deployment on a cron schedule (runs until stopped)."""
+    from pydantic import ValidationError
+    from prefect.client.schemas.schedules import CronSchedule
+
     from ssdgen.flows.pipeline import generate as flow
     # every setting checked now, as generate checks them, not at 2 a.m. when the first scheduled run starts
     settings.check()
+    try:  # Prefect's own check of the schedule, said in one line
+        CronSchedule(cron=cron)
+    except ValidationError as e:
+        raise ValueError(f"--cron {cron!r}: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     # Prefect's own test before its "Cannot schedule flows on an ephemeral server" warning (Runner.add_flow):
     # without an API URL the schedule lives in a temporary API that has no scheduler, so it would never fire
     from prefect.settings import PREFECT_API_URL
@@ -127,14 +145,22 @@ def status(url: str = typer.Argument(..., help="a run's output URL"),
            verify: bool = typer.Option(False, "--verify", help="read every committed file back and check its "
                                                                "SHA-256 (default: sizes and ETags only)"),
            prices: Optional[str] = _price_option("prices"), usd_per_hour: Optional[str] = _price_option("usd_per_hour"),
-           spot_usd_per_hour: Optional[str] = _price_option("spot_usd_per_hour")):
+           spot_usd_per_hour: Optional[str] = _price_option("spot_usd_per_hour"),
+           as_json: bool = typer.Option(False, "--json", help="print one JSON object for machines (shards, rows, "
+                                                              "damaged, failed, pending, plan, cost, audit)")):
     """Shards done, pending, failed and damaged, the decode plan, and the cost so far: at the price the run
     recorded, or at yours (--prices, --usd-per-hour)."""
     from ssdgen.output.layout import plan_words
     from ssdgen.output.reader import run_status
     st = run_status(url, deep=verify, prices=prices, usd_per_hour=usd_per_hour, spot_usd_per_hour=spot_usd_per_hour)
-    typer.echo(f"{url}: {st['shards_done']} done, {st['shards_pending']} pending, {len(st['shards_failed'])} failed "
-               f"of {st['shards_total']} shards; images ok {st['images_ok']}, failed {st['images_failed']}")
+    if as_json:
+        import json
+        from dataclasses import asdict
+        typer.echo(json.dumps(st | {"damaged": [asdict(d) for d in st["damaged"]]}, indent=1, default=str))
+        return
+    why = " (interrupted: the same generate resumes them)" if st["interrupted"] else ""
+    typer.echo(f"{url}: {st['shards_done']} done, {st['shards_pending']} pending{why}, {len(st['shards_failed'])} "
+               f"failed of {st['shards_total']} shards; images ok {st['images_ok']}, failed {st['images_failed']}")
     for line in (_by_reason(st), _by_decoder(st)):
         if line is not None:
             typer.echo(f"  {line}")
@@ -219,10 +245,13 @@ def demo(settings: RunSettings):
 def export(url: str = typer.Argument(..., help="a run's output URL (local path, file://, s3://, ...)"),
            to: str = typer.Option(..., "--to", help="folder URL to copy the committed files into"),
            output_format: str = typer.Option("parquet", "--format",
-                                             help="parquet (TO/images/*.parquet, TO/stats/*.parquet) or webdataset "
-                                                  "(TO/{shard:05d}.tar + TO/{shard:05d}.parquet)"),
+                                             help="parquet (TO/images/*.parquet, TO/stats/*.parquet), webdataset "
+                                                  "(TO/{shard:05d}.tar + TO/{shard:05d}.parquet) or hf (one table: "
+                                                  "TO/data/*.parquet, ready to push to the Hub); each with a "
+                                                  "dataset card, TO/README.md"),
            fresh: bool = typer.Option(False, help="read the commit markers, not manifest.parquet (a run going on)")):
-    """Copy a run's committed shards (only those) into a flat folder a data loader can take."""
+    """Copy a run's committed shards (only those) into a flat folder a data loader, or `datasets.load_dataset`,
+    can take."""
     from ssdgen.output.export import export as export_run
     r = export_run(url, to, output_format, fresh=fresh)
     typer.echo(f"exported {r['shards']} committed shards ({r['files']} files, {r['bytes'] / 2**20:.1f} MiB) "

@@ -1,0 +1,38 @@
+"""A run from start to summary, as `ssdgen generate` and `ssdgen.generate` start it: every check before
+Prefect or Ray start (flows.prepare), an end at once when nothing is left to do and the manifest and summary
+name every commit, else the flow (which decodes what is pending and rebuilds both, output.converge)."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import datetime, timezone
+from typing import Callable
+
+from .prepare import output_size, prepare
+from .settings import RunSettings
+
+
+def run(cfg: RunSettings, overwrite: bool = False, progress: bool = True,
+        say: Callable[[str], None] = lambda line: None, around=contextlib.nullcontext) -> dict:
+    """The run's summary (summary.json's content, with `shards_run_now`). `say`: where the lines a user reads
+    before the flow's own output go (what --overwrite deletes, "nothing to do"). `around`: a context the flow
+    runs in, entered only when there is something to run (the CLI's console handling)."""
+    from ssdgen.output.layout import SUMMARY
+    cfg = cfg.dated(datetime.now(timezone.utc))  # `{date}`: today's (a scheduled run's flow fills its own)
+    prep = prepare(cfg, overwrite)
+    if overwrite and (found := output_size(prep.out))[0]:
+        say(f"--overwrite: deleting the run at {prep.out.url} ({found[0]} files, {found[1] / 2**20:.1f} MiB) "
+            "before starting")
+    elif not overwrite and not prep.pending and prep.stale is None:
+        say(f"nothing to do: all {len(prep.plan)} shards of {prep.out.url} are committed and their files check out "
+            "(ssdgen verify reads them all back)")
+        recorded = prep.out.read_json(SUMMARY)
+        if recorded is not None:
+            say("the run's recorded totals (summary.json, unchanged):")
+            return recorded | {"shards_run_now": 0, "summary": prep.out.full_url(prep.out.path(SUMMARY))}
+        return {"shards_run_now": 0, "shards_committed": len(prep.plan), "shards_total": len(prep.plan)}
+    elif not overwrite and not prep.pending:  # the flow rebuilds them from the markers, under the lease
+        say(f"nothing to decode, but {prep.stale}: rebuilding manifest.parquet and summary.json")
+    from .pipeline import generate as flow
+    with around():
+        return flow(cfg, progress=progress, overwrite=overwrite)

@@ -1,14 +1,23 @@
-import sys, time, torch
-torch.set_num_threads(2)
-from ssdgen.decoders import run
+"""#35's A/B timing, the tree before (6843b0d): one decoder, 32 eval prompts at batch 32, timed N times after a
+warm-up, in this process. Run from that tree's install: `python ab_before.py SPEC N` (prints s/image per decode)."""
+
+import sys
+import time
+
+import torch
+
+from ssdgen.decoders import heads_for, run
 from ssdgen.decoders.spec import DecodeSpec
 from ssdgen.reference.model import ReferenceModel
 from ssdgen.reference.prompts import eval_prompts
-spec = DecodeSpec.parse(sys.argv[1]); m = ReferenceModel()
-rows = eval_prompts(32); p = [r["prompt"] for r in rows]; s = [r["seed"] for r in rows]
-from ssdgen.decoders import heads_for
-h = heads_for(spec, m)
-run(spec, m, p[:8], s[:8], h)
-for i in range(int(sys.argv[2])):
-    t = time.perf_counter(); r = run(spec, m, p, s, h); dt = time.perf_counter() - t
-    print(f"before {dt/32:.4f}", flush=True)
+
+torch.set_num_threads(2)
+spec, model = DecodeSpec.parse(sys.argv[1]), ReferenceModel()
+rows = eval_prompts(32)
+prompts, seeds = [r["prompt"] for r in rows], [r["seed"] for r in rows]
+heads = heads_for(spec, model)
+run(spec, model, prompts[:8], seeds[:8], heads)  # warm-up
+for _ in range(int(sys.argv[2])):
+    t0 = time.perf_counter()
+    run(spec, model, prompts, seeds, heads)
+    print(f"before {(time.perf_counter() - t0) / 32:.4f}", flush=True)

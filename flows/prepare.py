@@ -84,7 +84,7 @@ def prepare(cfg: RunSettings, overwrite: bool = False, leased: bool = False) -> 
     out = check_output(cfg)
     if not leased:
         Lease(out).check_free()  # a second driver on this output is refused before it starts anything
-    files = with_identities(list_inputs(list(cfg.prompts)))
+    files = with_identities(list_inputs(list(cfg.prompts), read_as=cfg.read_as))
     check_unique_prompt_ids(files)
     check_seeds(files)
     cfg.kept_columns(files)  # a clash with an output column, or a typo in --keep/--drop-columns: one line, now

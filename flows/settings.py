@@ -20,6 +20,7 @@ from ssdgen.decoders.recipes import OBJECTIVES
 from ssdgen.formats import check_format
 from ssdgen.inputs.columns import kept_schema
 from ssdgen.inputs.files import InputFile
+from ssdgen.inputs.text import ReadAs
 from ssdgen.output.audit import DEFAULT_TOLERANCE, check_audit
 from ssdgen.output.cost import Price, price_from
 from ssdgen.output.layout import RESERVED_COLUMNS
@@ -39,8 +40,13 @@ DEFAULT_BATCH = 16  # prompts per decoder call of a concrete decoder when the us
 class RunSettings(WorkerSettings):
     """Every setting of a run, parsed once at the edge and passed whole: the worker's part and the run's own."""
 
-    prompts: tuple[str, ...] = _option(..., "Parquet file, prefix or glob at any fsspec URL; repeatable; "
-                                            "`{date}` becomes the run's date, as in --out")
+    prompts: tuple[str, ...] = _option(..., "prompt file (Parquet, CSV, TSV, JSON, JSONL or txt), folder, prefix or "
+                                            "glob at any fsspec URL; repeatable; `{date}` becomes the run's date, "
+                                            "as in --out")
+    input_format: str | None = _option(None, "read --prompts as this format: parquet, csv, tsv, json, jsonl or txt "
+                                             "(one prompt a line); default: by each file's suffix, and a folder's "
+                                             "*.parquet")
+    prompt_column: str = _option("prompt", "the input column that holds the prompt")
     out: str = _option("out/run", "output URL (local path, s3://, gs://, ...); `{date}` becomes the run's date "
                                   "(a scheduled run's scheduled date), YYYY-MM-DD")
     seed: int = _option(0, "run seed; a row's own `seed` column wins")
@@ -84,7 +90,8 @@ class RunSettings(WorkerSettings):
         from ssdgen.workers.decode_worker import check_image_format
         from ssdgen.models.registry import check_dtype, check_model_spec
         if not self.prompts:
-            raise ValueError("--prompts: give at least one Parquet file or prefix")
+            raise ValueError("--prompts: give at least one prompt file or prefix")
+        ReadAs(self.input_format, self.prompt_column)  # a bad --input-format or --prompt-column: one line
         for name in ("shard_size", "batch_size", "actors"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -153,8 +160,12 @@ class RunSettings(WorkerSettings):
         quality = {"quality": None} if self.image_format == "png" else {}
         columns = {"columns": self.kept_columns(files).names}  # a resume must not mix shards with other columns
         return {k: getattr(self, k) for k in keys} | quality | {"decoder": str(self.decoder)} | columns | {
-            "inputs": [{"url": f.url, "rows": f.num_rows, "bytes": f.size} | ({"content": f.identity} if f.identity
-                                                                              else {}) for f in files]}
+            "inputs": [_input(f) for f in files]}
+
+    @property
+    def read_as(self) -> ReadAs:
+        """How the prompt files are read (inputs.text): their format and the prompt's column."""
+        return ReadAs(self.input_format, self.prompt_column)
 
     def kept_columns(self, files: list[InputFile]) -> pa.Schema:
         """The input columns this run carries through, with their types (inputs.columns); raises InputError on a
@@ -164,3 +175,11 @@ class RunSettings(WorkerSettings):
     @property
     def audit_label(self) -> str:
         return self.decoder.label
+
+
+def _input(f: InputFile) -> dict:
+    """A file as _config.json records it; format and prompt column only where they are not the default, so a run
+    recorded before they could be chosen resumes."""
+    return ({"url": f.url, "rows": f.num_rows, "bytes": f.size} | ({"content": f.identity} if f.identity else {})
+            | ({"format": f.format} if f.format != "parquet" else {})
+            | ({"prompt_column": f.prompt_column} if f.prompt_column != "prompt" else {}))

@@ -21,11 +21,13 @@ OWN = ("prompt", "prompt_id", "seed")  # what ssdgen reads itself (inputs.files)
 ALL = "*"
 
 
-def extra_fields(schema: pa.Schema) -> tuple[pa.Field, ...]:
-    """A file's columns beyond ssdgen's own, in the file's order; a dictionary-encoded column (a pandas
-    categorical) as its values' type, which files agree on whatever index width each chose."""
+def extra_fields(schema: pa.Schema, prompt: str = "prompt") -> tuple[pa.Field, ...]:
+    """A file's columns beyond ssdgen's own (`prompt`: the column --prompt-column reads as the prompt), in the
+    file's order; a dictionary-encoded column (a pandas categorical) as its values' type, which files agree on
+    whatever index width each chose."""
+    own = {prompt, *OWN[1:]}
     return tuple(f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
-                 for f in schema if f.name not in OWN)
+                 for f in schema if f.name not in own)
 
 
 def _union(files) -> dict[str, tuple[pa.Field, str]]:

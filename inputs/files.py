@@ -1,9 +1,11 @@
-"""Input discovery and validation: Parquet prompt files on any fsspec storage (local, S3, ...).
+"""Input discovery and validation: prompt files on any fsspec storage (local, S3, ...): Parquet, and CSV, TSV,
+JSON, JSON Lines and plain text (inputs.text).
 
-`list_inputs` expands URLs (files, directories/prefixes, globs) into `InputFile`s using only each
-file's footer, and checks the schema up front so a bad input fails before any GPU work starts. A path that
-exists is taken as written, even with `*?[` in it; only one that does not is a glob. `with_identities` records
-each file's content identity and pins every later read of the run to that content (inputs.pinned).
+`list_inputs` expands URLs (files, directories/prefixes, globs) into `InputFile`s using only each Parquet
+file's footer (a text file is parsed whole), and checks the schema up front so a bad input fails before any GPU
+work starts. A path that exists is taken as written, even with `*?[` in it; only one that does not is a glob.
+`with_identities` records each file's content identity and pins every later read of the run to that
+content (inputs.pinned).
 `check_unique_prompt_ids` reads only the `prompt_id` column to reject duplicate ids (ids key outputs
 and resume); `check_seeds` reads only a uint64 `seed` column, to refuse seeds an int64 cannot hold. Rows without
 an id or seed get stable derived ones (`derive_prompt_id`, `derive_seed`).
@@ -29,6 +31,7 @@ from ssdgen.storage.endpoints import endpoint_of, is_s3, probe, refused, unreach
 
 from .columns import extra_fields
 from .pinned import InputError, Pin, PinnedFile, changed, is_expired, take_pin
+from .text import ReadAs, parse
 
 
 @dataclass(frozen=True)
@@ -43,9 +46,12 @@ class InputFile:
     pin: Pin | None = None       # what every later read is held to (inputs.pinned): `with_identities` fills it
     wide_seeds: bool = False     # the seed column is uint64, so values may not fit an int64: `check_seeds` reads it
     extra: tuple[pa.Field, ...] = ()  # its columns beyond prompt, prompt_id and seed (inputs.columns)
+    format: str = "parquet"      # parquet, csv, tsv, json, jsonl or txt (inputs.text)
+    prompt_column: str = "prompt"  # the column read as the prompt (--prompt-column)
 
 
 _GLOB_CHARS = "*?["
+PARQUET = ReadAs()  # the default: by suffix, a folder's *.parquet, the `prompt` column
 INT64_MAX = 2**63 - 1  # seeds are stored as int64 (images and audit Parquet) and decoded modulo 2^64 (decoders/rng)
 _DERIVED_ID = re.compile(r"^([0-9a-f]{10})-([0-9]{10})$")
 
@@ -116,16 +122,19 @@ def _value_type(t: pa.DataType) -> pa.DataType:
     return t.value_type if pa.types.is_dictionary(t) else t
 
 
-def _check_schema(url: str, schema: pa.Schema) -> tuple[bool, bool]:
+def _check_schema(url: str, schema: pa.Schema, prompt: str = "prompt") -> tuple[bool, bool]:
     names = schema.names
-    for name in ("prompt", "prompt_id", "seed"):
+    for name in (prompt, "prompt_id", "seed"):
         if names.count(name) > 1:
             raise InputError(f"{url}: column {name!r} appears {names.count(name)} times")
-    if "prompt" not in names:
-        raise InputError(f"{url}: no 'prompt' column (columns: {', '.join(names) or 'none'})")
-    t = _value_type(schema.field("prompt").type)
+    if prompt not in names:
+        hint = "" if prompt != "prompt" else "; --prompt-column names another"
+        raise InputError(f"{url}: no {prompt!r} column (columns: {', '.join(names) or 'none'}{hint})")
+    t = _value_type(schema.field(prompt).type)
+    if pa.types.is_null(t):  # a text file whose prompts are all empty: no rows to type them by
+        raise InputError(f"{url}: column {prompt!r} has no values")
     if not _is_text(t):
-        raise InputError(f"{url}: column 'prompt' has type {t}; expected string (UTF-8 text)")
+        raise InputError(f"{url}: column {prompt!r} has type {t}; expected string (UTF-8 text)")
     if "prompt_id" in names:
         t = _value_type(schema.field("prompt_id").type)
         if not (_is_text(t) or pa.types.is_integer(t)):
@@ -137,11 +146,12 @@ def _check_schema(url: str, schema: pa.Schema) -> tuple[bool, bool]:
     return "prompt_id" in names, "seed" in names
 
 
-def _keep(root: str, path: str) -> bool:
-    """Directory expansion takes *.parquet and skips hidden/underscore entries (_SUCCESS, _temporary/)."""
+def _keep(root: str, path: str, read_as: ReadAs) -> bool:
+    """Directory expansion takes the files of the input format (*.parquet unless --input-format says another) and
+    skips hidden/underscore entries (_SUCCESS, _temporary/)."""
     rel = posixpath.relpath(path, root) if path != root else posixpath.basename(path)
     parts = rel.split("/")
-    return path.lower().endswith(".parquet") and not any(p.startswith((".", "_")) for p in parts)
+    return read_as.takes(path) and not any(p.startswith((".", "_")) for p in parts)
 
 
 def is_pattern(fs, path: str) -> bool:
@@ -155,13 +165,13 @@ def is_pattern(fs, path: str) -> bool:
     return False
 
 
-def _expand(fs, path: str) -> dict[str, dict]:
+def _expand(fs, path: str, read_as: ReadAs) -> dict[str, dict]:
     """path -> info for every file the URL names; {} when nothing exists there."""
     if is_pattern(fs, path):
         out: dict[str, dict] = {}
         for p, info in fs.glob(path, detail=True).items():
             if info.get("type") == "directory":
-                out.update(_expand(fs, p))
+                out.update(_expand(fs, p, read_as))
             elif not posixpath.basename(p).startswith((".", "_")):  # "data/*" must not take _SUCCESS
                 out[p] = info
         return out
@@ -172,7 +182,7 @@ def _expand(fs, path: str) -> dict[str, dict]:
     if info.get("type") != "directory":
         return {path: info}
     found = fs.find(path, detail=True, withdirs=False)
-    return {p: i for p, i in found.items() if _keep(path.rstrip("/"), p)}
+    return {p: i for p, i in found.items() if _keep(path.rstrip("/"), p, read_as)}
 
 
 class _Tracked:
@@ -212,7 +222,10 @@ class _Tracked:
         self._f.close()
 
 
-def _footer(fs, path: str, url: str, size: int, storage_options: dict | None) -> InputFile:
+def _footer(fs, path: str, url: str, size: int, storage_options: dict | None, read_as: ReadAs) -> InputFile:
+    fmt = read_as.format_of(url)
+    if fmt != "parquet":
+        return _text_file(fs, path, url, size, storage_options, read_as, fmt)
     if size == 0:
         raise InputError(f"{url}: not a Parquet file (file is empty, 0 bytes)")
     try:
@@ -229,17 +242,52 @@ def _footer(fs, path: str, url: str, size: int, storage_options: dict | None) ->
         raise InputError(f"{url}: not a Parquet file ({_reason(e, storage_options)})") from None
     finally:
         raw.close()
-    has_id, has_seed = _check_schema(url, schema)
     row_groups = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
     if sum(row_groups) != md.num_rows:
         raise InputError(f"{url}: not a Parquet file (row groups hold {sum(row_groups)} rows, "
                          f"footer says {md.num_rows})")
+    return _described(url, schema, md.num_rows, row_groups, size, read_as, "parquet")
+
+
+def _described(url: str, schema: pa.Schema, rows: int, row_groups: tuple[int, ...], size: int, read_as: ReadAs,
+               fmt: str) -> InputFile:
+    has_id, has_seed = _check_schema(url, schema, read_as.prompt_column)
     wide = has_seed and pa.types.is_uint64(_value_type(schema.field("seed").type))
-    return InputFile(url=url, num_rows=md.num_rows, row_groups=row_groups, size=size,
-                     has_prompt_id=has_id, has_seed=has_seed, wide_seeds=wide, extra=extra_fields(schema))
+    return InputFile(url=url, num_rows=rows, row_groups=row_groups, size=size, has_prompt_id=has_id,
+                     has_seed=has_seed, wide_seeds=wide, extra=extra_fields(schema, read_as.prompt_column),
+                     format=fmt, prompt_column=read_as.prompt_column)
 
 
-def list_inputs(urls: list[str], storage_options: dict | None = None) -> list[InputFile]:
+def _text_file(fs, path: str, url: str, size: int, storage_options: dict | None, read_as: ReadAs,
+               fmt: str) -> InputFile:
+    """A text input, parsed whole for its columns and rows: one row group (none when it has no rows)."""
+    try:
+        with fs.open(path, "rb") as raw:
+            data = raw.read()
+    except Exception as e:
+        raise _read_error(url, e, storage_options, fs) from None
+    table = parse(data, fmt, url, read_as.prompt_column)
+    groups = (table.num_rows,) if table.num_rows else ()
+    return _described(url, table.schema, table.num_rows, groups, size, read_as, fmt)
+
+
+def load_text(f: InputFile, storage_options: dict | None = None) -> pa.Table:
+    """A text input's table at the content the run pinned; its rows must be those listed."""
+    try:
+        with PinnedFile(f.url, f.pin, storage_options) as fh:
+            data = fh.handle.read()
+            fh.check()  # the bytes parsed are the pinned ones
+    except InputError:
+        raise
+    except Exception as e:
+        raise _pinned_read_error(f.url, e, storage_options) from None
+    table = parse(data, f.format, f.url, f.prompt_column)
+    if table.num_rows != f.num_rows:
+        raise InputError(f"{f.url}: file changed since it was listed ({table.num_rows} rows, expected {f.num_rows})")
+    return table
+
+
+def list_inputs(urls: list[str], storage_options: dict | None = None, read_as: ReadAs = PARQUET) -> list[InputFile]:
     """Expand and validate input URLs; files sorted by URL, de-duplicated. Raises InputError."""
     if isinstance(urls, str):
         urls = [urls]
@@ -254,14 +302,15 @@ def list_inputs(urls: list[str], storage_options: dict | None = None) -> list[In
             if (e := probe(fs, path)) is not None:
                 raise _read_error(url, e, storage_options, fs) from None
         try:
-            infos = _expand(fs, path)
+            infos = _expand(fs, path, read_as)
         except Exception as e:
             raise _read_error(url, e, storage_options, fs) from None
         if not infos:
-            raise InputError(f"{url}: no Parquet files matched")
+            kind = "Parquet" if (read_as.format or "parquet") == "parquet" else read_as.format.upper()
+            raise InputError(f"{url}: no {kind} files matched")
         for p, info in infos.items():
             found.setdefault(fs.unstrip_protocol(p), (fs, p, int(info.get("size") or 0)))
-    return [_footer(fs, p, u, size, storage_options) for u, (fs, p, size) in sorted(found.items())]
+    return [_footer(fs, p, u, size, storage_options, read_as) for u, (fs, p, size) in sorted(found.items())]
 
 
 def with_identities(files: list[InputFile], storage_options: dict | None = None) -> list[InputFile]:
@@ -315,8 +364,12 @@ def check_seeds(files: list[InputFile], storage_options: dict | None = None) -> 
         try:
             with PinnedFile(f.url, f.pin, storage_options) as fh:
                 row = 0
-                pf = pq.ParquetFile(fh.handle, buffer_size=2**20, pre_buffer=False)
-                for batch in pf.iter_batches(batch_size=2**16, columns=["seed"]):
+                if f.format == "parquet":
+                    pf = pq.ParquetFile(fh.handle, buffer_size=2**20, pre_buffer=False)
+                    batches = pf.iter_batches(batch_size=2**16, columns=["seed"])
+                else:
+                    batches = load_text(f, storage_options).select(["seed"]).to_batches()
+                for batch in batches:
                     col = batch.column(0)
                     col = col.dictionary_decode() if pa.types.is_dictionary(col.type) else col
                     over = pc.fill_null(pc.greater(col, pa.scalar(INT64_MAX, pa.uint64())), False)
@@ -364,9 +417,12 @@ def _given_ids(files: list[InputFile], storage_options: dict | None) -> tuple[pa
         if not f.has_prompt_id or f.num_rows == 0:
             continue
         try:
-            with PinnedFile(f.url, f.pin, storage_options) as fh:
-                col = prompt_ids_as_text(pq.ParquetFile(fh.handle).read(columns=["prompt_id"]).column(0))
-                fh.check()
+            if f.format != "parquet":
+                col = prompt_ids_as_text(load_text(f, storage_options).column("prompt_id"))
+            else:
+                with PinnedFile(f.url, f.pin, storage_options) as fh:
+                    col = prompt_ids_as_text(pq.ParquetFile(fh.handle).read(columns=["prompt_id"]).column(0))
+                    fh.check()
         except InputError:
             raise
         except Exception as e:

@@ -102,7 +102,10 @@ def _read_piece(f: InputFile, piece: Piece, reader: RowReader) -> pa.Table:
         lo, hi = max(piece.start, offsets[g]), min(piece.stop, offsets[g + 1])
         if lo < hi:  # an empty row group holds nothing
             batches += reader.read(f, g, lo - offsets[g], hi - offsets[g])
-    return pa.Table.from_batches(batches)
+    table = pa.Table.from_batches(batches)
+    if f.prompt_column != "prompt":  # --prompt-column: read as the prompt from here on
+        table = table.rename_columns(["prompt" if c == f.prompt_column else c for c in table.column_names])
+    return table
 
 
 def _as_bytes(column: pa.ChunkedArray) -> list[bytes | None]:

@@ -9,6 +9,7 @@ batches of the last `keep_rows` rows it passed (at most `KEEP_BYTES`), for shard
 out of order; a shard behind every cursor (a retry) opens a new one. `RowReader` holds at most `cursors`.
 
 A cursor opens its file through inputs.pinned and checks the pin after each shard's rows, before they leave.
+A text input (inputs.text) has no row groups to stream: the reader parses it once, at its pin, and holds it.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from collections import deque
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .files import InputError, InputFile
+from .files import InputError, InputFile, load_text
 from .pinned import PinnedFile, changed, is_expired
 
 BATCH_ROWS = 256          # rows per record batch: 2.5 MB of 10 KB prompts
 BUFFER = 1 << 20          # pyarrow's read buffer per column
 BLOCK = 8 << 20           # an object store's read-ahead per open file (s3fs's default is 50 MB)
 KEEP_BYTES = 32 << 20     # at most this much of passed batches per cursor
-COLUMNS = ("prompt", "prompt_id", "seed")
+OWN = ("prompt_id", "seed")  # read with the file's prompt column (InputFile.prompt_column)
 
 
 class _Cursor:
@@ -44,7 +45,7 @@ class _Cursor:
                 # Rows would silently shift; retrying cannot help, so this is not an OSError.
                 raise InputError(f"{f.url}: file changed since it was listed ({md.num_rows} rows in {len(found)} "
                                  f"row groups, expected {f.num_rows} in {len(f.row_groups)})")
-            columns = [c for c in (*COLUMNS, *extra) if c in pf.schema_arrow.names]
+            columns = [c for c in (f.prompt_column, *OWN, *extra) if c in pf.schema_arrow.names]
             self.batches = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns)
         except BaseException as e:
             self.file.close()
@@ -129,9 +130,15 @@ class RowReader:
         self.storage_options, self.size, self.keep_rows, self.extra = storage_options, cursors, keep_rows, extra
         self.cursors: list[_Cursor] = []  # least recently used first
         self.lock = threading.Lock()
+        self.texts: dict[str, pa.Table] = {}  # text inputs' tables (inputs.text), parsed once
+        self.text_lock = threading.Lock()
 
     def read(self, f: InputFile, group: int, start: int, stop: int) -> list[pa.RecordBatch]:
         """Rows [start, stop) of row group `group` of f (rows counted from the group's start)."""
+        if f.format != "parquet":  # one group: the whole file
+            table = self._text(f)
+            columns = [c for c in (f.prompt_column, *OWN, *self.extra) if c in table.column_names]
+            return table.slice(start, stop - start).select(columns).to_batches()
         while True:
             cur = self._pick((f.url, group), start)
             if cur is None:
@@ -144,6 +151,12 @@ class RowReader:
             if got is not None:
                 return got
             # another thread moved the cursor past `start` meanwhile: pick again (or open a new one)
+
+    def _text(self, f: InputFile) -> pa.Table:
+        with self.text_lock:  # threads reading the same file wait for one parse
+            if f.url not in self.texts:
+                self.texts[f.url] = load_text(f, self.storage_options)
+            return self.texts[f.url]
 
     def _pick(self, key: tuple, start: int) -> _Cursor | None:
         """The open cursor of `key` nearest behind `start`, marked as in use."""
@@ -174,6 +187,7 @@ class RowReader:
                 self.cursors.remove(cur)
 
     def close(self) -> None:
+        self.texts.clear()
         with self.lock:
             cursors, self.cursors = self.cursors, []
         for c in cursors:

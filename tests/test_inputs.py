@@ -79,7 +79,7 @@ def test_nothing_matched(tmp_path):
 
 def test_missing_prompt_column(tmp_path):
     p = write(tmp_path / "f.parquet", {"text": ["a"], "seed": [1]})
-    with pytest.raises(InputError, match=r"no 'prompt' column \(columns: text, seed\)") as e:
+    with pytest.raises(InputError, match=r"no 'prompt' column \(columns: text, seed; --prompt-column names") as e:
         list_inputs([str(p)])
     assert url(p) in str(e.value)
 

@@ -167,11 +167,16 @@ def _get(refs, stop: StopSignals | None):
             continue
 
 
-def _actors(cfg: RunSettings, stop: StopSignals | None = None) -> list:
+def _actors(cfg: RunSettings, pending: int, stop: StopSignals | None = None) -> list:
+    """The run's actors, loaded: --actors, or as many as fit at once, and no more than the pending shards (an
+    actor per shard at most: a small run does not load the model on actors that would get no shard)."""
     import ray
     from ssdgen.workers.decode_worker import DecodeWorker
     # before any actor is requested: one that fits no node would wait forever (flows/cluster.py)
     n = cluster.actors_to_start(cfg.cpus_per_actor, cfg.gpus_per_actor, cfg.actors)
+    if pending < n:
+        get_run_logger().info(f"--actors {cfg.actors}: {pending} shard(s) to run, so {pending} actor(s)")
+        n = pending
     cls = ray.remote(DecodeWorker).options(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
                                            max_restarts=-1, max_task_retries=0)
     actors = [cls.remote(cfg.worker(), cfg.threads) for _ in range(n)]
@@ -207,7 +212,7 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
         stop.install()  # cluster.start keeps our SIGTERM handler through Ray's init; this covers any other way in
         actors = []
         try:
-            actors = _actors(cfg, stop)
+            actors = _actors(cfg, pending, stop)
             decode_plan, batch = _decode_plan(cfg, files, plan, out, actors, log, stop)
             cfg = cfg.model_copy(update={"batch_size": batch})  # what the dispatcher splits shards by
             startup_s = time.perf_counter() - t0

@@ -5,6 +5,7 @@ name every commit, else the flow (which decodes what is pending and rebuilds bot
 from __future__ import annotations
 
 import contextlib
+import os
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -33,6 +34,23 @@ def run(cfg: RunSettings, overwrite: bool = False, progress: bool = True,
         return {"shards_run_now": 0, "shards_committed": len(prep.plan), "shards_total": len(prep.plan)}
     elif not overwrite and not prep.pending:  # the flow rebuilds them from the markers, under the lease
         say(f"nothing to decode, but {prep.stale}: rebuilding manifest.parquet and summary.json")
+    from . import pipeline  # noqa: F401 - Prefect sets its logging up at import: the CLI's `around` filters it
+    with around() as server_ready:
+        return _flow(cfg, progress, overwrite, server_ready)
+
+
+def _flow(cfg: RunSettings, progress: bool, overwrite: bool, server_ready: Callable[[], None] | None) -> dict:
+    """The flow, once Prefect's API answers. While a temporary Prefect server starts (`server_ready` waits for
+    it), a run that would start a local Ray starts it meanwhile: each takes seconds, mostly on one core (#36);
+    the flow then finds Ray running, and Ray is stopped here after it."""
+    from . import cluster
     from .pipeline import generate as flow
-    with around():
+    local = server_ready is not None and not (cfg.ray_address or os.environ.get("RAY_ADDRESS") or cfg.cluster_limit)
+    started = local and cluster.start(None)
+    try:
+        if server_ready is not None:
+            server_ready()
         return flow(cfg, progress=progress, overwrite=overwrite)
+    finally:
+        if started:
+            cluster.stop([], started)

@@ -60,7 +60,9 @@ class _QuietUserErrors(logging.Filter):
 @contextlib.contextmanager
 def flow_console():
     """Around a flow call: keep user errors' tracebacks off the console, and on such an error stop Prefect's
-    temporary API server now (it would log its shutdown at exit, after the `error:` line)."""
+    temporary API server now (it would log its shutdown at exit, after the `error:` line). The temporary server
+    starts in the background (the run starts its local Ray meanwhile: flows/run.py); the context gives the
+    function that waits for it, or None when a server is configured."""
     from prefect.logging.handlers import PrefectConsoleHandler
     # Prefect's console handler sits on the root logger (the "prefect" logger only propagates to it)
     handlers = [h for name in ("", "prefect") for h in logging.getLogger(name).handlers
@@ -68,9 +70,9 @@ def flow_console():
     quiet = _QuietUserErrors()
     for h in handlers:
         h.addFilter(quiet)
-    _start_prefect_server()
+    starting = _start_prefect_server()
     try:
-        yield
+        yield starting.result if starting is not None else None
     except USER_ERRORS:
         _stop_prefect_server()
         raise
@@ -79,31 +81,40 @@ def flow_console():
             h.removeFilter(quiet)
 
 
-def _start_prefect_server() -> None:
-    """Start Prefect's temporary API server (no API URL configured) now, with SIGINT blocked, so that the server
-    process inherits a blocked SIGINT: a Ctrl-C in the terminal reaches every process of the foreground group,
-    and a server that died of it would leave the stopping run without its API (httpx.ConnectError, a hang).
-    The run stops it itself (SIGTERM, at exit). A configured API is left alone."""
-    import signal
+def _start_prefect_server():
+    """Start Prefect's temporary API server (no API URL configured) on a thread -> its future (None when an API
+    is configured: it is left alone). Its process inherits the thread's blocked SIGINT: a Ctrl-C in the terminal
+    reaches every process of the foreground group, and a server that died of it would leave the stopping run
+    without its API (httpx.ConnectError, a hang). The run stops it itself (SIGTERM, at exit)."""
     import threading
+    from concurrent.futures import Future
     from prefect.settings import get_current_settings
     settings = get_current_settings()
     if settings.api.url or not settings.server.ephemeral.enabled or \
             threading.current_thread() is not threading.main_thread():
-        return
+        return None
+    future: Future = Future()
+
+    def start() -> None:
+        try:
+            future.set_result(_serve(settings.home))
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            future.set_exception(e)
+    threading.Thread(target=start, name="prefect-server-start", daemon=True).start()
+    return future
+
+
+def _serve(home) -> None:
     import fcntl
+    import signal
     from prefect.server.api.server import SubprocessASGIServer
     # one start at a time per Prefect home: every temporary server migrates the same SQLite database at start,
     # and two runs started together would race on it (a uvicorn traceback); the lock is released at exit too
-    home = settings.home
     home.mkdir(parents=True, exist_ok=True)
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        with open(home / "ssdgen-server-start.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            SubprocessASGIServer().start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this thread's only: the server inherits it
+    with open(home / "ssdgen-server-start.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        SubprocessASGIServer().start()
 
 
 def _stop_prefect_server() -> None:

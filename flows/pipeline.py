@@ -45,11 +45,12 @@ from tqdm import tqdm
 from ssdgen.decoders.recipes import CALIBRATION_PROMPTS
 from ssdgen.decoders.spec import DecodeSpec
 from ssdgen.inputs.files import InputError, InputFile
+from ssdgen.inputs.growth import digests_for
 from ssdgen.inputs.plan import ShardPlan, read_shard
 from ssdgen.output.audit import audit_rows
 from ssdgen.output.audit import summarize as audit_summary, warning as audit_warning
 from ssdgen.output.cost import Price, cost_table, run_summary
-from ssdgen.output.layout import CONFIG, PLAN, SUMMARY, Output, plan_words
+from ssdgen.output.layout import CONFIG, PLAN, ROW_DIGESTS, SUMMARY, Output, plan_words
 from ssdgen.output.lease import LEASE_DIR, Lease
 from ssdgen.output.reader import MarkerFold, plan_summary, read_plan_at
 from ssdgen.output.verify import set_aside
@@ -204,7 +205,7 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
     log = get_run_logger()
     files, out, plan, done = prep.files, prep.out, prep.plan, prep.done
     pending = done.count(0)
-    rows = pending * cfg.shard_size - (cfg.shard_size * len(plan) - plan.rows if not done[-1] else 0)
+    rows = prep.pending_rows
     disp = None
     with _cluster_slots(cfg):
         stop.check()
@@ -311,8 +312,10 @@ def _record(prep: Prepared, log) -> None:
     if prep.changed:
         log.warning(f"{prep.out.url}: no shard was committed with the recorded settings; taking the new ones "
                     f"({prep.changed} differ)")
-    if prep.changed or prep.out.read_json(CONFIG) is None:
-        prep.out.write_config(prep.cfg.recorded(prep.files), replacing=bool(prep.changed))
+    if prep.changed or prep.added is not None or prep.out.read_json(CONFIG) is None:
+        old = prep.old or {}
+        digests = digests_for(prep.files, prep.record["inputs"], old.get("inputs") or [], old.get(ROW_DIGESTS))
+        prep.out.write_config(prep.record | {ROW_DIGESTS: digests}, replacing=bool(prep.changed))
     if prep.pending:  # a run with nothing to decode keeps its summary, so the price that summary was costed at
         prep.out.write_price(prep.price)
     set_aside(prep.out, prep.damaged, log)

@@ -16,10 +16,11 @@ import fsspec
 
 from ssdgen.inputs.files import (InputFile, check_seeds, check_unique_prompt_ids, is_pattern, list_inputs,
                                  with_identities)
-from ssdgen.inputs.plan import ShardPlan
+from ssdgen.inputs.growth import added_rows
+from ssdgen.inputs.plan import Range, ShardPlan, recorded_segments
 from ssdgen.output.converge import stale
 from ssdgen.output.cost import Price
-from ssdgen.output.layout import CONFIG, Output
+from ssdgen.output.layout import CONFIG, ROW_DIGESTS, Output
 from ssdgen.output.lease import Lease
 from ssdgen.output.marker import MarkerDigest
 from ssdgen.output.verify import Damage, damaged_shards
@@ -39,6 +40,9 @@ class Prepared:
     damaged: list[Damage] = field(default_factory=list)
     changed: str | None = None  # settings a run that committed nothing will take anew
     stale: str | None = None  # with nothing to decode: why the manifest or summary lags the markers (output.converge)
+    record: dict = field(default_factory=dict)  # what _config.json will hold (RunSettings.recorded, the segments)
+    old: dict | None = None  # what it holds now
+    added: list[Range] | None = None  # --incremental over grown inputs: the rows added (the plan's last segment)
 
     @property
     def pending(self) -> int:
@@ -47,6 +51,15 @@ class Prepared:
     @property
     def committed(self) -> int:
         return len(self.done) - self.pending
+
+    @property
+    def pending_rows(self) -> int:
+        return sum(self.plan.rows_of(i) for i, d in enumerate(self.done) if not d)
+
+    @property
+    def added_shards(self) -> range:
+        """The shards of the rows --incremental added this run (empty when it added none)."""
+        return range(self.plan.first[-2], len(self.plan)) if self.added else range(0)
 
 
 def check_output(cfg: RunSettings) -> Output:
@@ -88,9 +101,9 @@ def prepare(cfg: RunSettings, overwrite: bool = False, leased: bool = False) -> 
     check_unique_prompt_ids(files)
     check_seeds(files)
     cfg.kept_columns(files)  # a clash with an output column, or a typo in --keep/--drop-columns: one line, now
-    plan = ShardPlan(files, cfg.shard_size)
     if overwrite:  # everything there goes (flows.pipeline, under the lease): nothing to compare
-        return Prepared(cfg, price, files, plan, out, bytearray(len(plan)))
+        plan = ShardPlan(files, cfg.shard_size)
+        return Prepared(cfg, price, files, plan, out, bytearray(len(plan)), record=cfg.recorded(files))
     recorded = cfg.recorded(files)
     old = out.read_json(CONFIG)
     if old is not None and not any("content" in i for i in old.get("inputs", [])):
@@ -98,6 +111,10 @@ def prepare(cfg: RunSettings, overwrite: bool = False, leased: bool = False) -> 
             i.pop("content", None)
     if old is not None and "columns" not in old and not recorded["columns"]:
         recorded.pop("columns")  # a run recorded before input columns were kept, and none are kept now
+    segments, added = _segments(cfg, old, recorded, files)
+    if segments and len(segments) > 1:  # a plan that grew (inputs.plan): every later run rebuilds it from here
+        recorded["segments"] = [[list(r) for r in seg] for seg in segments]
+    plan = ShardPlan(files, cfg.shard_size, segments)
     done = out.committed_ids(len(plan))
     sound = MarkerDigest()
     damaged = list(damaged_shards(out, sound=sound))
@@ -105,15 +122,36 @@ def prepare(cfg: RunSettings, overwrite: bool = False, leased: bool = False) -> 
         if d.shard < len(done):
             done[d.shard] = 0
     pinned = bool(done.count(1) or damaged)
-    changed = out.check_config(recorded, old, pinned)
+    # grown inputs (--incremental) are the old run's, rows added: every other setting must still match
+    compared = old if added is None else old | {k: recorded.get(k) for k in ("inputs", "segments")}
+    changed = out.check_config(recorded, compared, pinned)
     why = stale(out, sound.value()) if not done.count(0) else None
-    return Prepared(cfg, price, files, plan, out, done, damaged, changed, why)
+    return Prepared(cfg, price, files, plan, out, done, damaged, changed, why, recorded, old, added)
+
+
+def _segments(cfg: RunSettings, old: dict | None, recorded: dict,
+              files: list[InputFile]) -> tuple[list[list[Range]] | None, list[Range] | None]:
+    """(The shard plan's segments, by file URL, None for every file whole; the rows added, where --incremental
+    takes grown inputs, else None). Inputs as recorded: the recorded segments. Grown, with --incremental: those
+    and a segment of the added rows (inputs.growth; changed or removed rows are one InputError). Changed without
+    it: every file whole, which check_config refuses once a shard is committed, naming the input."""
+    if old is None:
+        return None, None
+    inputs = old.get("inputs") or []
+    if inputs == recorded["inputs"]:
+        return (recorded_segments(inputs, old["segments"]) if old.get("segments") else None), None
+    if not cfg.incremental:
+        return None, None
+    added = added_rows(inputs, recorded["inputs"], old.get(ROW_DIGESTS), files)
+    return recorded_segments(inputs, old.get("segments")) + ([added] if added else []), added
 
 
 def describe(p: Prepared) -> str:
     """One line: what the run will do."""
     return (f"{p.plan.rows} prompts in {len(p.files)} file(s): {len(p.plan)} shards, {p.committed} already "
-            f"committed, {p.pending} to run" + (f" ({len(p.damaged)} damaged, re-decoded)" if p.damaged else ""))
+            f"committed, {p.pending} to run" + (f" ({len(p.damaged)} damaged, re-decoded)" if p.damaged else "")
+            + (f"; --incremental: {sum(b - a for _, a, b in p.added)} rows added since the last run, as shards "
+               f"{p.added_shards[0]}-{p.added_shards[-1]}" if p.added else ""))
 
 
 def output_size(out: Output) -> tuple[int, int]:

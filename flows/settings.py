@@ -84,6 +84,9 @@ class RunSettings(WorkerSettings):
                                             "comma-separated or repeated; * keeps every one")
     drop_columns: Columns = _option((), "input columns not carried through: names, comma-separated or repeated; "
                                         "* drops every one")
+    incremental: bool = _option(False, "take rows added to the inputs since the last run into --out (rows appended "
+                                       "to a file, new files) as new shards; committed shards stay as they are, and "
+                                       "changed or removed rows are refused")
 
     def check(self) -> Price:
         """Every value against the others and the price table; the run's price."""
@@ -153,7 +156,8 @@ class RunSettings(WorkerSettings):
         """What `_config.json` holds: everything that decides which images come out, and the output format (a
         resume must not mix shards with and without tars). Every key always, whatever its value. No credentials.
         Not the prices (--prices, --usd-per-hour): they decide no image, so a resume may change them; the run
-        records its price in _price.json (output.layout) instead."""
+        records its price in _price.json (output.layout) instead. flows.prepare adds the shard plan's `segments`
+        once the inputs grew (--incremental: inputs.plan), and the flow the inputs' row digests (inputs.growth)."""
         keys = ("model", "seed", "shard_size", "batch_size", "audit", "audit_tolerance", "image_format", "quality",
                 "format", "dtype")
         # png ignores --quality: recorded as null there, so another --quality resumes a png run

@@ -4,7 +4,8 @@
 `shard_size` rows (the last may be shorter), img2dataset-style, on demand (`plan[i]`), from the files'
 cumulative row counts: footer metadata only, pure arithmetic, O(files) memory, so the same inputs always give
 the same shards (a shard id is a stable unit of work and output across retries and resumes) and a run over
-millions of prompts never holds a list of its shards.
+millions of prompts never holds a list of its shards. Rows added to the inputs later (--incremental) form a
+segment of their own, numbered after the shards before it (inputs.growth), so no committed shard moves.
 
 `read_shard` reads one shard's rows (`read_shard_columns` also the input columns the run keeps: inputs.columns),
 touching only the row groups that overlap it, in record batches through a `RowReader` (inputs.row_reader):
@@ -53,33 +54,79 @@ class Shard:
         return cls(id=int(d["id"]), pieces=tuple(Piece(int(f), int(a), int(b)) for f, a, b in d["pieces"]))
 
 
-class ShardPlan:
-    """Shard i of the files for any i, computed when asked: binary search over the files' first global rows
-    (files with 0 rows contribute no pieces; a shard may span files). `len(plan)` is the number of shards."""
+Range = tuple[str, int, int]  # (file URL, first row, stop row): a segment's part, as _config.json records it
 
-    def __init__(self, files: list[InputFile], shard_size: int):
+
+class ShardPlan:
+    """Shard i of the files for any i, computed when asked. The plan is a list of segments, each a sequence of row
+    ranges of files: the first run's is every file whole, in URL order; an --incremental run over grown inputs
+    appends one over only the rows added since (inputs.growth), so a committed shard never moves. Within a
+    segment, shards are consecutive runs of `shard_size` rows (its last may be shorter; a shard may span files);
+    a segment's shards are numbered after the previous segments'. Binary search over the segments' first shards
+    and the parts' first rows (empty ranges contribute no pieces). `segments`: ranges by file URL (None: one
+    segment of every file whole). `len(plan)` is the number of shards."""
+
+    def __init__(self, files: list[InputFile], shard_size: int, segments: list[list[Range]] | None = None):
         if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
             raise ValueError(f"shard_size must be a positive integer, got {shard_size!r}")
         self.files, self.shard_size = files, shard_size
-        self.starts = list(itertools.accumulate((f.num_rows for f in files), initial=0))  # global first rows
-        self.rows = self.starts[-1]
+        if segments is None:  # by index: a list may name one URL twice (tests, benchmarks)
+            parts = [[(k, 0, f.num_rows) for k, f in enumerate(files)]]
+        else:
+            index = {f.url: k for k, f in enumerate(files)}
+            missing = sorted({url for seg in segments for url, _, _ in seg if url not in index})
+            if missing:
+                raise ValueError(f"the recorded shard plan names {missing[0]}, which is not among the inputs")
+            parts = [[(index[url], int(a), int(b)) for url, a, b in seg] for seg in segments]
+        for k, a, b in (p for seg in parts for p in seg):
+            if not 0 <= a <= b <= files[k].num_rows:
+                raise ValueError(f"the recorded shard plan reads rows [{a}, {b}) of {files[k].url}, which has "
+                                 f"{files[k].num_rows}")
+        self.parts = [[p for p in seg if p[2] > p[1]] for seg in parts]
+        self.starts = [list(itertools.accumulate((b - a for _, a, b in seg), initial=0)) for seg in self.parts]
+        self.first = list(itertools.accumulate((-(-s[-1] // shard_size) for s in self.starts), initial=0))
+        self.rows = sum(s[-1] for s in self.starts)
 
     def __len__(self) -> int:
-        return -(-self.rows // self.shard_size)
+        return self.first[-1]
 
-    def __getitem__(self, i: int) -> Shard:
+    def _locate(self, i: int) -> tuple[int, int, int]:
+        """(segment, first row, stop row) of shard i, rows counted within its segment."""
         if not 0 <= i < len(self):
             raise IndexError(f"shard {i} outside 0..{len(self) - 1}")
-        lo, hi = i * self.shard_size, min((i + 1) * self.shard_size, self.rows)
-        k = bisect.bisect_right(self.starts, lo) - 1  # the last file starting at or before lo (skips empty ones)
+        s = bisect.bisect_right(self.first, i) - 1
+        lo = (i - self.first[s]) * self.shard_size
+        return s, lo, min(lo + self.shard_size, self.starts[s][-1])
+
+    def rows_of(self, i: int) -> int:
+        """Shard i's row count: `shard_size`, less for a segment's last shard."""
+        _, lo, hi = self._locate(i)
+        return hi - lo
+
+    def __getitem__(self, i: int) -> Shard:
+        s, lo, hi = self._locate(i)
+        parts, starts = self.parts[s], self.starts[s]
+        k = bisect.bisect_right(starts, lo) - 1  # the last part starting at or before lo
         pieces = []
         while lo < hi:
-            stop = min(hi, self.starts[k + 1])
-            if stop > lo:
-                pieces.append(Piece(k, lo - self.starts[k], stop - self.starts[k]))
-                lo = stop
-            k += 1
+            f, first, _ = parts[k]
+            stop = min(hi, starts[k + 1])
+            pieces.append(Piece(f, first + lo - starts[k], first + stop - starts[k]))
+            lo, k = stop, k + 1
         return Shard(i, tuple(pieces))
+
+
+def recorded_segments(inputs: list[dict], segments: list | None) -> list[list[Range]]:
+    """The plan's segments as a run's `_config.json` records them: its `segments`, or (a run that never grew,
+    or one recorded before segments were) one segment of every recorded input whole."""
+    if segments:
+        return [[(str(u), int(a), int(b)) for u, a, b in seg] for seg in segments]
+    return [[(i["url"], 0, int(i["rows"])) for i in inputs]]
+
+
+def shard_count(segments: list[list[Range]], shard_size: int) -> int:
+    """How many shards the segments make: what `status` counts without listing the inputs."""
+    return sum(-(-sum(b - a for _, a, b in seg) // shard_size) for seg in segments)
 
 
 @dataclass

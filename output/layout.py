@@ -46,6 +46,7 @@ from .marker import Marker, MarkerDigest
 
 CONFIG, MANIFEST, SUMMARY, MARKER = "_config.json", "manifest.parquet", "summary.json", "_SUCCESS.json"
 PLAN = "_plan.json"
+ROW_DIGESTS = "row_digests"  # _config.json's key for its inputs' row digests (inputs.growth), by URL
 PRICE = "_price.json"  # not in _config.json: a price decides no image, so a resume may change it
 DIGEST_KEY = "ssdgen.markers"  # the manifest's metadata key for the commits it names (output.marker.MarkerDigest)
 DAMAGED = "_DAMAGED"  # a marker whose files failed verification is moved to _DAMAGED-{uuid}.json beside it
@@ -118,7 +119,8 @@ class Output(Store):
         that differ (None when they match or nothing was recorded). Raises ConfigMismatch when pinned."""
         if old is None:
             return None
-        diff = [k for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k)]
+        # the row digests are the inputs' identities again, at a finer grain (inputs.growth): not compared
+        diff = [k for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k) and k != ROW_DIGESTS]
         if diff and pinned:
             raise ConfigMismatch(self._mismatch(self.path(CONFIG), old, config, diff))
         return ", ".join(diff) or None
@@ -134,7 +136,8 @@ class Output(Store):
         changed = _changed_input(old.get("inputs") or [], config.get("inputs") or [])
         if changed:
             return (f"{changed}: this input changed since the run at {self.url} started ({CONFIG} recorded other "
-                    "content); resuming would mix old and new prompts. Restore it, use a new --out, or --overwrite")
+                    "content); resuming would mix old and new prompts. Restore it, use a new --out, or --overwrite "
+                    "(if rows were only added, --incremental takes them as new shards)")
         k = diff[0]
         # a key one side lacks: the run was recorded by another ssdgen version (RunSettings.recorded)
         was, now = (repr(d[k]) if k in d else "not recorded" for d in (old, config))

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from ssdgen.decoders.spec import DecodeSpec, speculative_rows
 from ssdgen.formats import written
+from ssdgen.inputs.plan import recorded_segments, shard_count
 from ssdgen.workers.results import UNRECORDED
 
 from .audit import DEFAULT_TOLERANCE, summarize as audit_summary
@@ -233,8 +234,7 @@ def run_status(url: str, deep: bool = False, prices=None, usd_per_hour=None, spo
     check_price_options(prices, usd_per_hour, spot_usd_per_hour)  # a bad value is an error, shards or none
     out = Output(url)
     conf = out.read_config()
-    total_rows = sum(i["rows"] for i in conf["inputs"])
-    n_shards = -(-total_rows // conf["shard_size"])
+    n_shards = shard_count(recorded_segments(conf["inputs"], conf.get("segments")), conf["shard_size"])
     done = out.committed_ids(n_shards)
     damaged = [d for d in damaged_shards(out, deep=deep) if d.shard < n_shards]
     for d in damaged:

@@ -42,6 +42,11 @@ def _print_dry_run(cfg) -> None:
     typer.echo(f"  {d['rows']} prompts in {d['shards']} shards: {d['committed']} committed, {d['pending']} pending "
                f"({d['pending_rows']} prompts){damaged}")
     typer.echo(f"  input columns kept: {', '.join(d['columns']) or 'none'}")
+    if d["added"]:
+        a = d["added"]
+        ranges = ", ".join(f"{r['url']} rows {r['start']}-{r['stop'] - 1}" for r in a["ranges"])
+        typer.echo(f"  --incremental: {a['rows']} rows added since the last run, as new shards "
+                   f"{a['shards'][0]}-{a['shards'][1]}: {ranges}")
     if d["changed"]:
         typer.echo(f"  settings differ from the run's recorded ones ({d['changed']}); nothing is committed, so the "
                    "run takes the new ones")

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .files import InputError, InputFile, _pinned_read_error, prompt_ids_as_text
+from .files import InputError, InputFile, _pinned_read_error, load_text, prompt_ids_as_text
 from .pinned import PinnedFile
 from .plan import Range
 
@@ -57,9 +57,7 @@ def row_digests(f: InputFile, cut: int | None = None, storage_options: dict | No
     digests, part, h, row = [], None, _hasher(), 0
     try:
         with PinnedFile(f.url, f.pin, storage_options) as fh:
-            pf = pq.ParquetFile(fh.handle, buffer_size=1 << 20, pre_buffer=False)
-            names = [c for c in ("prompt", "prompt_id", "seed") if c in pf.schema_arrow.names]
-            for batch in pf.iter_batches(batch_size=BATCH, columns=names):
+            for batch in _batches(f, fh, storage_options):
                 for value in zip(_values(batch, "prompt", True), _values(batch, "prompt_id", True),
                                  _values(batch, "seed", False)):
                     if row == cut and row % CHUNK:
@@ -83,6 +81,20 @@ def row_digests(f: InputFile, cut: int | None = None, storage_options: dict | No
         _cache.clear()
     _cache[key] = "".join(digests), {cut: part} if odd else {}
     return _cache[key][0], part
+
+
+def _batches(f: InputFile, fh: PinnedFile, storage_options: dict | None):
+    """f's prompt (as `prompt`, whatever --prompt-column named), prompt_id and seed in record batches: a Parquet
+    file streamed, a text file (inputs.text) parsed whole."""
+    own = (f.prompt_column, "prompt_id", "seed")
+    if f.format == "parquet":
+        pf = pq.ParquetFile(fh.handle, buffer_size=1 << 20, pre_buffer=False)
+        batches = pf.iter_batches(batch_size=BATCH, columns=[c for c in own if c in pf.schema_arrow.names])
+    else:
+        table = load_text(f, storage_options)
+        batches = table.select([c for c in own if c in table.column_names]).to_batches(max_chunksize=BATCH)
+    for batch in batches:
+        yield batch.rename_columns(["prompt" if c == f.prompt_column else c for c in batch.schema.names])
 
 
 def _changed_chunks(f: InputFile, rows: int, old: str, storage_options: dict | None) -> list[tuple[int, int]]:

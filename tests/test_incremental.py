@@ -115,3 +115,23 @@ def test_a_changed_seed_is_a_changed_row(tmp_path):
     with pytest.raises(InputError, match="rows 0-2 changed"):
         added_rows(old_inputs, inputs, digests, files)
     assert row_digests(files[0])[0] != digests[old_files[0].url]
+
+
+def test_a_text_input_grows_as_a_parquet_one_does(tmp_path):
+    """A JSONL file a nightly job appends to (inputs/text.py): its added rows found, an edited line refused; its
+    digests are those of its Parquet twin (the same rows, whatever the format)."""
+    p = tmp_path / "p.jsonl"
+    p.write_text("".join(f'{{"prompt": "p{i}", "prompt_id": "id{i}"}}\n' for i in range(5)))
+    old_files, old_inputs = _inputs(p)
+    digests = digests_for(old_files, old_inputs, [], None)
+    _write(tmp_path / "twin.parquet", [f"p{i}" for i in range(5)])
+    assert row_digests(with_identities(list_inputs([str(tmp_path / "twin.parquet")]))[0])[0] == \
+        digests[old_files[0].url]
+    with open(p, "a") as fh:
+        fh.write('{"prompt": "p5", "prompt_id": "id5"}\n')
+    files, inputs = _inputs(p)
+    assert added_rows(old_inputs, inputs, digests, files) == [(files[0].url, 5, 6)]
+    p.write_text(p.read_text().replace('"p2"', '"edited"'))
+    files, inputs = _inputs(p)
+    with pytest.raises(InputError, match="rows 0-4 changed"):
+        added_rows(old_inputs, inputs, digests, files)

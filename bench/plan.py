@@ -83,7 +83,7 @@ def write_data(workdir: Path, rows: int, files: int) -> None:
 def run(rows: int = 10_000_000, files: int = 100, workdir: str | os.PathLike | None = None) -> dict:
     """Write (once) and plan `rows` rows in `files` files; returns the measured figures."""
     if rows < 1 or files < 1:
-        raise ValueError(f"rows and files must be >= 1, got rows={rows}, files={files}")
+        raise ValueError(f"--rows and --files must be >= 1, got {rows} and {files}")
     path = Path(workdir) if workdir else Path(tempfile.gettempdir()) / f"ssdgen-bench-plan-{rows}-{files}"
     t0 = time.perf_counter()
     write_data(path, rows, files)

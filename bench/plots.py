@@ -314,12 +314,16 @@ def bench_html(res: dict, samples: dict | None = None) -> str:
         body += ["<div><h2>Speed vs quality</h2>", img_tag(pareto_plot(rows), "Pareto plot: speedup vs scene accuracy"),
                  "</div>"]
     body += ["<div><h2>Throughput</h2>", img_tag(throughput_plot(rows), "images/s vs batch size"), "</div>"]
-    if any(r.get("nll_gap") is not None for r in rows):
+    fidelity = any(r.get("nll_gap") is not None for r in rows)
+    if fidelity:
         body += ["<div><h2>Speed vs fidelity</h2>", img_tag(frontier_plot(rows), "images/s vs NLL gap"), "</div>"]
     body.append("</div>")
     if not quality:  # the plot it would have drawn is left out, and the page says why
         body.append('<p class="note">Quality was skipped in this run (--quality-n 0): no scene accuracy, '
                     "object accuracy or FD, so no speed-vs-quality plot.</p>")
+    if not fidelity:
+        body.append('<p class="note">Fidelity was skipped in this run (--fidelity-n 0): no NLL gap to ar, so no '
+                    "speed-vs-fidelity plot.</p>")
     if samples:
         body += ["<h2>Same prompts, ar beside each decoder</h2>", samples_table(samples)]
     return page(f"ssdgen bench: {res.get('model', '')}", "\n".join(body), meta)

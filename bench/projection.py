@@ -441,7 +441,12 @@ def best_lines(result: dict) -> list[str]:
 def project_cli(bench_json: Path, accelerators: str, models: str, batch_sizes: str, cfg: bool) -> dict:
     if not Path(bench_json).exists():
         raise FileNotFoundError(f"{bench_json}: no such bench JSON (write one with `ssdgen bench --json PATH`)")
-    bench = json.loads(Path(bench_json).read_text())
+    try:
+        bench = json.loads(Path(bench_json).read_text())
+    except ValueError as e:  # json's own words name no file
+        raise ValueError(f"--bench-json {bench_json}: not a bench JSON ({e})") from None
+    if not isinstance(bench, dict) or not isinstance(bench.get("rows"), list):
+        raise ValueError(f"--bench-json {bench_json}: not a bench JSON (no rows)")
     accs = [a.strip().lower() for a in accelerators.split(",") if a.strip()]
     res = project(bench, accs, parse_models(models), _ints(batch_sizes, "--batch-sizes"), cfg)
     return {"result": res, "text": text_table(res)}

@@ -7,10 +7,11 @@ attempts are never read. No model, no Prefect, no Ray.
 
 The page: the run's settings and counts; a sample grid of images with their prompts; acceptance heatmaps
 (each image beside itself tinted by the stored `commit_map`: one colour per commit code) and the mean
-acceptance per token position over all images; histograms of forwards per image and acceptance rate; the
-cost table (`output.cost.cost_table` on summary.json, or on the markers when the run has no summary yet; at the
-price the run recorded, or recomputed at the user's --prices / --usd-per-hour);
-failed samples counted by reason and by message, one by one, and failed shards.
+acceptance per token position over all images (for a run decoded as plain AR, one sentence saying so instead of
+uniformly gray maps); histograms of forwards per image and acceptance rate (one with no values left out, and
+said); the cost table (`output.cost.cost_table` on summary.json, or on the markers when the run has no summary
+yet; at the price the run recorded, or recomputed at the user's --prices / --usd-per-hour); failed samples
+counted by reason and by message, one by one, and failed shards.
 """
 
 from __future__ import annotations
@@ -81,16 +82,13 @@ def acceptance_by_position(stats: list[dict]) -> np.ndarray | None:
     return np.mean([np.isin(m, SPECULATED) for m in maps], axis=0)
 
 
-def _hist(values: list[float], title: str, xlabel: str, empty: str) -> bytes:
+def _hist(vals: list[float], title: str, xlabel: str) -> bytes:
+    """A histogram of finite values (the caller leaves out one that has none, and says why)."""
     plt = plots._plt()
     fig, ax = plt.subplots(figsize=(5.0, 3.2))
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    if vals:
-        ax.hist(vals, bins=min(30, max(5, len(set(vals)))), color="#1f77b4", edgecolor="white")
-        ax.axvline(float(np.mean(vals)), color="#d62728", ls="--", label=f"mean {np.mean(vals):.3g}")
-        ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", va="center", color="#b00020")
+    ax.hist(vals, bins=min(30, max(5, len(set(vals)))), color="#1f77b4", edgecolor="white")
+    ax.axvline(float(np.mean(vals)), color="#d62728", ls="--", label=f"mean {np.mean(vals):.3g}")
+    ax.legend(fontsize=8)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("images")
@@ -165,13 +163,33 @@ def build_html(run: dict, samples: int = 24, prices: dict | None = None) -> str:
         body.append(f"<p class=\"damaged\">{len(run['damaged'])} damaged shard(s) left out (the same generate "
                     "re-decodes them): " + "; ".join(plots.esc(str(d)) for d in run["damaged"][:10]) + "</p>")
     shown = [im for im in run["images"] if im["image"] is not None][:samples]
-    body += _samples(shown, len(ok)) + _heatmaps(shown, stats, len(ok)) + _histograms(ok)
+    body += _samples(shown, len(ok))
+    if (why := plain_ar(run, ok)) is not None:  # a gray map per image says nothing: one sentence says why instead
+        body += ["<h2>Acceptance heatmaps</h2>", f'<p class="note">No acceptance heatmaps: every image was decoded '
+                 f"as plain AR ({plots.esc(why)}), so each token's map would be the same gray.</p>"]
+    else:
+        body += _heatmaps(shown, stats, len(ok))
+    body += _histograms(ok)
     rows, note = _cost(run, prices or {})
     body.append(f"<h2>Cost</h2><p class=\"meta\">{plots.esc(note)}</p>")
     if rows:
         body.append(plots.table(rows, [("metric", "metric"), ("value", "value")], left=("metric", "value")))
     body += _failures(bad, run)
     return plots.page(f"ssdgen run report: {run['url']}", "\n".join(body), meta)
+
+
+def plain_ar(run: dict, ok: list[dict]) -> str | None:
+    """Why no ok image has a token committed other than by plain AR (the run's plan chose ar, or its decoder
+    is ar), or None when some image speculated (or has no commit map to tell)."""
+    grids = [commit_grid(r) for r in ok]
+    if not grids or any(g is None or (g != COMMIT_AR).any() for g in grids):
+        return None
+    plan = run.get("plan")
+    if plan is not None and str(plan.get("spec", "")).split(":")[0] == "ar":
+        return "the decode plan chose ar"
+    if all(str(r.get("decoder") or "").split(":")[0] == "ar" for r in ok):
+        return "its decoder is ar"
+    return "no draft was ever committed"
 
 
 def _samples(shown: list[dict], n_ok: int) -> list[str]:
@@ -210,12 +228,21 @@ def _heatmaps(shown: list[dict], stats: list[dict], n_ok: int) -> list[str]:
 
 
 def _histograms(ok: list[dict]) -> list[str]:
+    """Forwards per image and acceptance rate; a histogram with no values is left out, and a sentence says why."""
     fwd = [r["forwards"] for r in ok if r["forwards"] is not None]
-    acc = [r["acceptance_rate"] for r in ok]
-    return ["<h2>Forwards and acceptance</h2><div class=\"grid\">",
-            plots.img_tag(_hist(fwd, "forwards per image", "forwards (prefill included)", "no ok images")),
-            plots.img_tag(_hist(acc, "acceptance rate", "accepted drafts / drafts verified",
-                                "nothing was drafted (plain AR)")), "</div>"]
+    acc = [v for v in (r["acceptance_rate"] for r in ok) if v is not None and math.isfinite(v)]
+    body = ["<h2>Forwards and acceptance</h2><div class=\"grid\">"]
+    if fwd:
+        body.append(plots.img_tag(_hist(fwd, "forwards per image", "forwards (prefill included)")))
+    if acc:
+        body.append(plots.img_tag(_hist(acc, "acceptance rate", "accepted drafts / drafts verified")))
+    body.append("</div>")
+    if not fwd:
+        body.append('<p class="note">No histograms: no image of the committed shards succeeded.</p>')
+    elif not acc:
+        body.append('<p class="note">No acceptance-rate histogram: nothing was drafted (every image was decoded '
+                    "as plain AR), so there is no rate to show.</p>")
+    return body
 
 
 def _failures(bad: list[dict], run: dict) -> list[str]:

@@ -34,12 +34,26 @@ import ipaddress
 import logging
 import math
 import os
+import re
 from contextlib import contextmanager
 
 SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node IP is 127.0.0.1 (ray_constants.py)
 EPS = 1e-4  # Ray's resource granularity
 
 _local_gcs: str | None = None  # the GCS address of the local Ray `start_local` started: no node will join it
+
+
+# what ray.init takes as an address: the head's GCS host:port (an IPv6 host in brackets), or a Ray Client URL
+_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):\d{1,5}|ray://\S+")
+
+
+def check_address(address: str | None) -> None:
+    """--ray-address in a form Ray can attach to, checked with the other settings: a typo found by ray.init would
+    surface only after Prefect started, inside the flow."""
+    if address is None or address in ("auto", "local") or _ADDRESS.fullmatch(address):
+        return
+    raise ValueError(f"--ray-address {address!r}: not a Ray address; give the head's host:port (e.g. "
+                     "10.0.0.5:6379), ray://host:10001 for Ray Client, auto, or local")
 
 
 def start(address: str | None = None) -> bool:

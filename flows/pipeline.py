@@ -34,7 +34,7 @@ import logging
 import os
 import time
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from datetime import datetime, timezone
 
@@ -75,9 +75,15 @@ def _cluster_slots(cfg: RunSettings):
     if not cfg.cluster_limit:
         yield
         return
+    from prefect.concurrency._asyncio import ConcurrencySlotAcquisitionError
     from prefect.concurrency.sync import concurrency
     get_run_logger().info(f"waiting for {cfg.cluster_slots} slot(s) of concurrency limit {cfg.cluster_limit!r}")
-    with concurrency(cfg.cluster_limit, occupy=cfg.cluster_slots, strict=True):
+    with ExitStack() as held:
+        try:  # only the acquisition's own error is re-worded: a limit never created is a user's typo
+            held.enter_context(concurrency(cfg.cluster_limit, occupy=cfg.cluster_slots, strict=True))
+        except ConcurrencySlotAcquisitionError as e:
+            raise ValueError(f"--cluster-limit {cfg.cluster_limit!r}: {e}; create it first (prefect gcl create "
+                             f"{cfg.cluster_limit} --limit N)") from None
         yield
 
 

@@ -92,6 +92,8 @@ class RunSettings(WorkerSettings):
         """Every value against the others and the price table; the run's price."""
         from ssdgen.workers.decode_worker import check_image_format
         from ssdgen.models.registry import check_dtype, check_model_spec
+
+        from .cluster import check_address
         if not self.prompts:
             raise ValueError("--prompts: give at least one prompt file or prefix")
         ReadAs(self.input_format, self.prompt_column)  # a bad --input-format or --prompt-column: one line
@@ -109,6 +111,7 @@ class RunSettings(WorkerSettings):
         check_audit(self.audit, self.audit_tolerance)
         check_image_format(self.image_format, self.quality)
         check_format(self.format)
+        check_address(self.ray_address)
         check_dtype(self.dtype, on_gpu=self.gpus_per_actor > 0)
         price = price_from(self.device_type, self.prices, self.usd_per_hour, self.spot_usd_per_hour)
         if price.unit == "gpu" and self.gpus_per_actor <= 0:

@@ -147,12 +147,29 @@ def load_model(spec: str | ModelSpec | None, device: str = "cpu", dtype: str = "
     """The model a spec names, its weights on `device` in `dtype` (see the module doc)."""
     ms = spec if isinstance(spec, ModelSpec) else ModelSpec.parse(spec)
     hf = KINDS[ms.kind].hf
+    check_device(device)
     torch_dtype = resolve_dtype(dtype, device, hf)
     if not hf:
         from ssdgen.reference.model import ReferenceModel
         return ReferenceModel(ms.path, device=device, dtype=torch_dtype)
     from ssdgen.models.hf import ADAPTERS
     return ADAPTERS[ms.kind].from_pretrained(ms.path, device=device, dtype=torch_dtype, **ms.options())
+
+
+def check_device(device: str) -> None:
+    """A --device this machine has, in one line: torch itself says `AssertionError: Torch not compiled with CUDA
+    enabled` (with a traceback) for a CUDA device on a CPU-only build, and names no device count."""
+    import torch
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"--device {device!r}: {e}") from None
+    if dev.type != "cuda":
+        return
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not have or (dev.index or 0) >= have:
+        raise ValueError(f"--device {device}: this machine has {have or 'no'} CUDA device(s)"
+                         + ("" if have else " (or this torch is built without CUDA)") + "; use --device cpu")
 
 
 def check_model_spec(spec: str | None, decoder=None) -> None:

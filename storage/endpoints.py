@@ -20,6 +20,7 @@ UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ProxyConnectio
                "ClientConnectorDNSError", "gaierror", "ConnectionRefusedError"}
 ERRNOS = {errno.ECONNREFUSED: "connection refused", errno.EHOSTUNREACH: "host unreachable",
           errno.ENETUNREACH: "network unreachable", errno.ETIMEDOUT: "connect timed out"}
+NO_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError"}  # botocore's: nothing, or half, to sign with
 PROBE_CONFIG = {"connect_timeout": 2, "retries": {"total_max_attempts": 2, "mode": "standard"}}  # botocore Config
 
 
@@ -34,6 +35,12 @@ def causes(exc: BaseException):
         yield e
         todo += [e.__cause__, e.__context__, (getattr(e, "kwargs", None) or {}).get("error"),
                  getattr(e, "os_error", None)]
+
+
+def no_credentials(exc: BaseException) -> bool:
+    """Whether botocore found no credentials to sign with (no AWS_* variables, profile or role): its own
+    exception, not an OSError, raised wherever an S3 store is first touched (a run's lease, status's config)."""
+    return any(type(e).__name__ in NO_CREDENTIALS for e in causes(exc))
 
 
 def unreachable(exc: BaseException) -> str | None:

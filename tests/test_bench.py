@@ -87,7 +87,7 @@ def _no_external_urls(text: str) -> None:
     assert "<script" not in text.lower() and "<link" not in text.lower()
 
 
-def test_bench_html_is_standalone_and_says_quality_was_skipped(tiny_bench):
+def test_bench_html_is_standalone_and_says_quality_and_fidelity_were_skipped(tiny_bench):
     from ssdgen.bench.plots import bench_html
     text = bench_html(tiny_bench)
     _no_external_urls(text)
@@ -96,6 +96,7 @@ def test_bench_html_is_standalone_and_says_quality_was_skipped(tiny_bench):
     assert len(imgs) == 1 and all(base64.b64decode(b)[:4] == b"\x89PNG" for b in imgs)
     assert "$ / 1k images" in text and "csd:window=4" in text
     assert "Quality was skipped" in text and "Speed vs quality" not in text
+    assert "Fidelity was skipped in this run (--fidelity-n 0)" in text and "Speed vs fidelity" not in text
     assert text.index("Verdict") < text.index("Best batch per decoder") and "Noise floor" in text
 
 
@@ -227,7 +228,7 @@ def test_bench_fidelity_columns_and_frontier_page(tmp_path):
     ar, csd = res["rows"][0], res["rows"][1]
     assert ar["indistinguishable"] and not csd["indistinguishable"] and csd["nll_gap"] > 0
     page = bench_html(res, res.pop("samples"))
-    assert "Speed vs fidelity" in page and "NLL gap to ar" in page
+    assert "Speed vs fidelity" in page and "NLL gap to ar" in page and "Fidelity was skipped" not in page
     json.dumps(res)
 
 

@@ -2,6 +2,7 @@
 every option, -h, --version, the listings, no default output inside the repository), and, in a subprocess,
 bad input turned into one clear error line and exit code 2, never a stack trace."""
 
+import os
 import subprocess
 import sys
 from importlib.metadata import version
@@ -64,6 +65,61 @@ def test_bad_input_gets_a_clear_error(args, message, tmp_path):
     assert r.returncode == 2, r.stderr
     assert message in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("error: "), r.stderr
+
+
+NOT_JSON, NO_ROWS = "not json", "{}"
+
+
+@pytest.mark.parametrize("args, message", [
+    # what Typer refuses itself (a value it cannot convert, an unknown option or command) is one line too
+    (["generate", "--prompts", "x.parquet", "--shard-size", "abc"], "Invalid value for '--shard-size'"),
+    (["generate", "--prompts", "x.parquet", "--nosuchflag"], "No such option: --nosuchflag"),
+    (["nosuchcommand"], "No such command 'nosuchcommand'"),
+    (["dev", "nosuch"], "No such command 'nosuch'"),
+    (["projection"], "Missing option '--bench-json'"),
+    # values checked before anything starts (the flow, a model load, an eval that ends by writing --json)
+    (["generate", "--prompts", "x.parquet", "--ray-address", "notaurl"], "--ray-address 'notaurl': not a Ray"),
+    (["sample", "--prompt", GOOD, "--device", "cuda:99"], "--device cuda:99: this machine has"),
+    (["sample", "--prompt", GOOD, "--out", "/nonexistent/dir/g.png"], "--out /nonexistent/dir/g.png: no folder"),
+    (["eval", "--n", "1", "--json", "/nonexistent/dir/x.json"], "--json /nonexistent/dir/x.json: no folder"),
+    (["bench", "--tolerance", "-1"], "--tolerance must be > 0"),
+    (["bench", "--n", "1", "--html", "/nonexistent/dir/b.html"], "--html /nonexistent/dir/b.html: no folder"),
+    (["fidelity", "--json", "/nonexistent/dir/x.json"], "--json /nonexistent/dir/x.json: no folder"),
+    (["calibrate", "--objective", "speed"], "--objective must be one of throughput, latency"),
+    (["projection", "--bench-json", NOT_JSON], "not a bench JSON (Expecting"),
+    (["projection", "--bench-json", NO_ROWS], "not a bench JSON (no rows)"),
+    (["train-heads", "--n-images", "0", "--out", "/nonexistent/h"], "--n-images must be >= 1, got 0"),
+    (["train-heads", "--steps", "-1", "--out", "/nonexistent/h"], "--steps must be >= 1, got -1"),
+    (["eval-heads", "--n", "0"], "--n must be in 1..1024"),
+    (["report", "/nonexistent/run", "--html", "/nonexistent/dir/r.html"], "--html /nonexistent/dir/r.html: no"),
+    (["dev", "host-time", "--batches", "x"], "--batches must be comma-separated integers, got 'x'"),
+    (["dev", "bench-plan", "--rows", "-1"], "--rows and --files must be >= 1"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_every_refused_value_is_one_error_line(args, message, tmp_path):
+    """A bad value given the way a user would (a typo, a negative number, a folder that is not there) is one
+    `error:` line and exit code 2, whichever layer refuses it: Typer's parsing or the command's own checks."""
+    files = {NOT_JSON: "[1, 2", NO_ROWS: "{}"}
+    for i, a in enumerate(args):
+        if a in files:
+            (tmp_path / f"{i}.json").write_text(files[a])
+            args = args[:i] + [str(tmp_path / f"{i}.json")] + args[i + 1:]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: ") and len(r.stderr.splitlines()) == 1, r.stderr
+    assert message in r.stderr and not r.stdout, r.output
+
+
+@pytest.mark.integration
+def test_no_object_store_credentials_is_one_line(tmp_path):
+    """botocore's NoCredentialsError is no OSError; it reached the user as a traceback from status and generate."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(tmp_path / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    r = subprocess.run([sys.executable, "-m", "ssdgen.cli", "status", "s3://ssdgen-no-such-bucket/run"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("error: the object store found no credentials"), r.stderr
 
 
 @pytest.mark.integration

@@ -140,3 +140,36 @@ def test_the_report_says_what_a_calibrated_decoders_plan_decided(run, tmp_path):
     write_report(str(out), tmp_path / "r.html")
     text = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert f"Rows by the resolved spec that decoded them: {conf['decoder']}: " in text
+
+
+def _fake_run(codes: list[int], decoder: str, plan: dict | None = None) -> dict:
+    """A run's content as read_run returns it: three 16x16 images on a 4x4 token grid, each with `codes` as its
+    commit map (acceptance rate nan when nothing was drafted)."""
+    from ssdgen.bench.plots import array_png
+    png = array_png(np.full((16, 16, 3), 120, np.uint8))
+    drafted = any(c != 0 for c in codes)
+    stats = [{"prompt_id": f"p{i}", "status": "ok", "decoder": decoder, "forwards": 17 - 4 * drafted,
+              "acceptance_rate": 0.5 if drafted else float("nan"), "commit_map": codes * (16 // len(codes)),
+              "grid_height": 4, "grid_width": 4, "error": None, "error_reason": None} for i in range(3)]
+    images = [{"prompt_id": f"p{i}", "prompt": FLAT, "image": png, "width": 16} for i in range(3)]
+    return {"url": "mem://run", "files": [{}], "markers": {}, "stats": stats, "images": images, "summary": None,
+            "config": {"decoder": "ssd+csd:cfg=3.0", "model": "reference"}, "damaged": [], "plan": plan,
+            "price": None}
+
+
+def test_a_run_decoded_as_plain_ar_draws_no_gray_heatmaps_and_says_why():
+    """#36: the report of a run planned as AR drew a uniformly gray heatmap per image, a position map of zeros and
+    an empty acceptance histogram; it now leaves them out and says why in one sentence each."""
+    from ssdgen.bench.report import build_html
+    plan = {"spec": "ar:cfg=3.0:temperature=1.0:top_k=0:top_p=1.0",
+            "measurements": {"why": "plain AR at batch 16: 1.6x the images/s of the best window"}}
+    text = build_html(_fake_run([0], "ar:cfg=3.0:temperature=1.0:top_k=0:top_p=1.0", plan))
+    assert 'class="tile heatmap"' not in text and "Mean over all" not in text and 'class="legend"' not in text
+    assert "No acceptance heatmaps: every image was decoded as plain AR (the decode plan chose ar)" in text
+    assert "No acceptance-rate histogram: nothing was drafted" in text
+    assert len(re.findall(r"<img ", text)) == 3 + 1  # the samples and the forwards histogram, nothing empty
+    # a run whose decoder is ar says that instead; a speculating run keeps its maps, histograms and no sentence
+    assert "(its decoder is ar)" in build_html(_fake_run([0], "ar:cfg=3.0"))
+    spec = build_html(_fake_run([0, 1, 3, 2], "csd:cfg=3.0"))
+    assert spec.count('class="tile heatmap"') == 3 and "Mean over all 3 images" in spec
+    assert "No acceptance" not in spec and len(re.findall(r"<img ", spec)) == 3 + 3 + 1 + 2

@@ -123,3 +123,42 @@ def test_the_reference_models_cache_bytes_are_what_it_allocates(tmp_path):
     tiny.start(PROMPTS[:3], True)
     allocated = sum(b.attn.kv_cache.k.nbytes + b.attn.kv_cache.v.nbytes for b in tiny.gpt.layers)
     assert tiny.cache_bytes_per_sample(True) * 3 == allocated
+
+
+def test_a_job_smaller_than_a_shard_plans_no_batch_larger_than_its_rows(monkeypatch):
+    """#36: an 8-prompt job at the default shard size (256) plans among batch sizes up to 8, never 128 or 256: the
+    flow caps what the plan may choose at the job's rows (flows/pipeline.py `_decode_plan`), and the _plan.json it
+    records names no larger batch. The actor is a stand-in that chooses as `calibrate` does, by batch_choices."""
+    from types import SimpleNamespace
+
+    from ssdgen.decoders.protocol import Capabilities
+    from ssdgen.flows import pipeline
+    from ssdgen.flows.settings import RunSettings
+    from ssdgen.inputs.plan import ShardPlan
+    from ssdgen.workers import decode_worker as dw
+
+    silent = SimpleNamespace(capabilities=Capabilities())  # memory bounds nothing: only the cap `most` does
+    asked = {}
+
+    def calibrate(rows, batch, objective, most, sharing):
+        asked["most"] = most
+        choices = dw.batch_choices(silent, True, most, sharing)
+        return {"spec": "ar:cfg=3.0:temperature=1.0:top_k=0:top_p=1.0",
+                "measurements": {"objective": objective, "why": "the largest batch it may form", "seconds": 0.0,
+                                 "batch": max(choices), "choices": choices}}
+
+    written = []
+    out = SimpleNamespace(read_plan=lambda: None, write_plan=written.append)
+    actor = SimpleNamespace(calibrate=SimpleNamespace(remote=calibrate))
+    monkeypatch.setattr(pipeline, "_get", lambda refs, stop: refs)  # no Ray: the stand-in answers at once
+    monkeypatch.setattr(pipeline, "read_shard", lambda files, shard, seed: [
+        SimpleNamespace(prompt_id=str(i), prompt=PROMPTS[0], seed=i, error=None) for i in range(8)])
+    monkeypatch.setattr(pipeline, "asdict", vars)
+    cfg = RunSettings(prompts=["jobs.parquet"])
+    files = [SimpleNamespace(num_rows=8)]
+    plan = ShardPlan(files, cfg.shard_size)
+    assert (cfg.shard_size, plan.rows, cfg.decoder.calibrated) == (256, 8, True)
+    _, batch = pipeline._decode_plan(cfg, files, plan, out, [actor], SimpleNamespace(info=lambda line: None), None)
+    assert asked["most"] == 8 and batch == 8
+    (recorded,) = written
+    assert max(recorded["measurements"]["choices"]) == 8 and recorded["measurements"]["batch"] == 8

@@ -9,10 +9,12 @@ benchmarks) under `ssdgen dev`.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 
 import typer
+from typer.core import TyperGroup
 
 from ssdgen.cli import catalog, decode as decode_commands, dev as dev_commands, run as run_commands
 
@@ -28,7 +30,37 @@ DEV = ("train-reference", "train-scorer", "eval-scorer", "tokenizer-report", "fi
        "projection-check", "host-time", "screenshot", "eval-set")
 DEV_PANEL = "Maintainers"
 
-app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
+
+
+class OneLineErrors(TyperGroup):
+    """The app's group: a usage error (an unknown option or command, a value Typer cannot convert) is one
+    `error: ...` line naming the command's help, like every other refused value, not Typer's boxed panel under
+    the usage line. Help shown for a bare command (no_args_is_help) passes through as before."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        with _one_line():  # the app's own options and the command's name
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx):
+        with _one_line():  # the command's options are parsed here, in its own context
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _one_line():
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    try:
+        yield
+    except NoArgsIsHelpError:
+        raise
+    except ClickException as e:
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see {ctx.command_path} -h)" if ctx is not None else ""
+        typer.echo(f"error: {' '.join(e.format_message().split()).rstrip('.')}{hint}", err=True)
+        raise typer.Exit(e.exit_code) from None
+
+
+app = typer.Typer(cls=OneLineErrors, add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings=HELP_OPTIONS,
                   help="ssdgen: batch image generation with speculative decoders for AR image transformers.")
 dev = typer.Typer(no_args_is_help=True, context_settings=HELP_OPTIONS,

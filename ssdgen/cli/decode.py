@@ -12,7 +12,8 @@ from typing import Optional
 import typer
 
 from ssdgen.bench.noise import SAME
-from ssdgen.cli.options import (CFG, DECODER, DEVICE, DTYPE, MODEL, RUN_DECODER, TOPK, friendly, model_on,
+from ssdgen.cli.options import (CFG, DECODER, DEVICE, DTYPE, MODEL, RUN_DECODER, TOPK, check_out_files, friendly,
+                                model_on,
                                 sampling_of, spec_of, specs_of)
 
 app = typer.Typer()
@@ -31,6 +32,7 @@ def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for sever
     from ssdgen.decoders import build
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
+    check_out_files({"--out": out})
     spec = spec_of(decoder)
     m = model_on(model, device, dtype)
     prompts = [p for p in prompt for _ in range(n)]
@@ -101,7 +103,7 @@ def _echo_bench(res: dict) -> None:
     _echo_table(ROW_COLS, res["rows"])
 
 
-def _check_counts(n: int, quality_n: int, fidelity_n: int, quality_batch: int, rounds: int) -> None:
+def _check_counts(n: int, quality_n: int, fidelity_n: int, quality_batch: int, rounds: int, tolerance: float) -> None:
     """The bench's counts, each refused in one line before the model loads."""
     if not 1 <= n <= 1024 or not 0 <= quality_n <= 1024 or not (fidelity_n == 0 or 2 <= fidelity_n <= 1024):
         raise ValueError(f"--n must be in 1..1024, --quality-n in 0..1024 and --fidelity-n 0 or in 2..1024, "
@@ -110,6 +112,8 @@ def _check_counts(n: int, quality_n: int, fidelity_n: int, quality_batch: int, r
         raise ValueError(f"--quality-batch must be >= 1, got {quality_batch}")
     if rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    if not tolerance > 0:
+        raise ValueError(f"--tolerance must be > 0 (nats/token), got {tolerance}")
 
 
 @app.command("bench")
@@ -153,7 +157,8 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd",
     from ssdgen.bench.decode import bench, check_args, resolve_device
     specs = specs_of(decoders)
     sizes = _batch_sizes(batch_sizes)
-    _check_counts(n, quality_n, fidelity_n, quality_batch, rounds)
+    _check_counts(n, quality_n, fidelity_n, quality_batch, rounds, tolerance)
+    check_out_files({"--json": json_path, "--html": html})
     check_args(specs, sizes)  # all argument errors before the model loads
     chosen = specs_of(quality_decoders) if quality_decoders else None
     from ssdgen.output.cost import price_from
@@ -196,6 +201,7 @@ def fidelity_cmd(decoders: str = typer.Option("sjd,ssd:lossless=true,csd,ssd+csd
     if n < 2 or batch_size < 1 or tolerance <= 0:
         raise ValueError(f"--n must be >= 2, --batch-size >= 1 and --tolerance > 0; got {n}, {batch_size}, "
                          f"{tolerance}")
+    check_out_files({"--json": json_path})
     if prompts is not None:
         if not prompts.exists():
             raise FileNotFoundError(f"{prompts}: no such prompts file")
@@ -230,6 +236,10 @@ def calibrate_cmd(decoder: str = RUN_DECODER,
     sizes = _batch_sizes(batch_sizes)
     if not sizes or min(sizes) < 1 or max(sizes) > 1024:
         raise ValueError(f"--batch-sizes must be integers in 1..1024, got {batch_sizes!r}")
+    from ssdgen.decoders.recipes import OBJECTIVES
+    if objective not in OBJECTIVES:
+        raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    check_out_files({"--json": json_path})
     from ssdgen.decoders import build
     from ssdgen.decoders.recipes import CALIBRATION_PROMPTS
     from ssdgen.decoders.spec import speculative_rows
@@ -268,6 +278,7 @@ def projection_cmd(bench_json: Path = typer.Option(..., "--bench-json", help="a 
     measured acceptance statistics and a roofline model; memory (weights + KV cache, CFG doubling the rows) caps
     the batch, each decoder's best batch is found up to that cap, and the words say where speculation wins."""
     from ssdgen.bench.projection import project_cli
+    check_out_files({"--json": json_path, "--html": html})
     res = project_cli(bench_json, accelerators, models, batch_sizes, cfg)
     for line in res["text"]:
         typer.echo(line)
@@ -306,6 +317,9 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: str = typer.Option(
     dests = [Path(o.strip()) for o in out.split(",")]
     if len(dests) != len(kinds):  # before the model loads
         raise ValueError(f"--out names {len(dests)} path(s) for {len(kinds)} kind(s) ({kind})")
+    for flag, value in (("--n-images", n_images), ("--steps", steps), ("--rollout", rollout)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
     base = DistillConfig(n_images=n_images, steps=steps, seed=seed, rollout=rollout)  # checked before the load
     m = model_on(model, device, dtype)
     base.check_grid(m.grid)  # before the samples are drawn (minutes to hours)
@@ -340,6 +354,7 @@ def eval_cmd(decoder: str = DECODER, n: int = typer.Option(1024, help="eval prom
         raise ValueError(f"--n must be in 1..1024 (the eval set has 1,024 prompts), got {n}")
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    check_out_files({"--json": json_path})
     m = model_on(model, device, dtype)
     res = evaluate(m, spec, n, batch_size, seed)
     rep = res["scorer"]
@@ -384,6 +399,10 @@ def eval_heads(heads: Optional[str] = typer.Option(None, help="comma-separated h
     from ssdgen.reference.weights import DEFAULT_DIR
     if depth < 1:  # its upper bound depends on the model's grid (chain_acceptance)
         raise ValueError(f"--depth must be >= 1, got {depth}")
+    if not 1 <= n <= 1024 or batch_size < 1:
+        raise ValueError(f"--n must be in 1..1024 (the eval set has 1,024 prompts) and --batch-size >= 1, got {n} "
+                         f"and {batch_size}")
+    check_out_files({"--json": json_path})
     # the installed package's heads, never a path relative to the working folder
     heads = heads or ",".join(str(Path(DEFAULT_DIR) / name) for name in ("heads", "heads-token"))
     m = model_on(model, device, dtype)

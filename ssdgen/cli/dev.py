@@ -312,7 +312,10 @@ def host_time_cmd(out: Optional[Path] = typer.Option(None, help="write the JSON 
     import torch
 
     from ssdgen.bench.host_time import run, run_model
-    sizes = [int(b) for b in batches.split(",") if b.strip()]
+    try:
+        sizes = [int(b) for b in batches.split(",") if b.strip()]
+    except ValueError:
+        raise ValueError(f"--batches must be comma-separated integers, got {batches!r}") from None
     if not sizes or min(sizes) < 1 or repeats < 1:
         raise ValueError(f"--batches must be integers >= 1 and --repeats >= 1, got {batches!r} and {repeats}")
     torch.set_num_threads(threads)

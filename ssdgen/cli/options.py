@@ -44,6 +44,13 @@ def friendly(fn):
                 msg = e.strerror if e.filename is None else f"{e.filename}: {e.strerror}"
             typer.echo(f"error: {msg}", err=True)
             raise typer.Exit(2)
+        except Exception as e:
+            from ssdgen.storage.endpoints import no_credentials
+            if not no_credentials(e):
+                raise
+            typer.echo("error: the object store found no credentials to sign with: set AWS_ACCESS_KEY_ID and "
+                       "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (or run where an instance role provides them)", err=True)
+            raise typer.Exit(2) from None
     return wrapper
 
 
@@ -134,6 +141,15 @@ def _stop_prefect_server() -> None:
             server.stop()
     except Exception:  # noqa: BLE001 - only tidies the console
         pass
+
+
+def check_out_files(flags: dict) -> None:
+    """Each named output file ({"--json": path or None, ...}) goes into a folder that exists: checked before the
+    work starts, so a typo in the folder does not cost a whole eval or bench and then fail at its last line."""
+    from pathlib import Path
+    for flag, path in flags.items():
+        if path is not None and not Path(path).parent.is_dir():
+            raise ValueError(f"{flag} {path}: no folder {Path(path).parent} to write it in")
 
 
 def sampling_of(cfg: float, temperature: float, top_k: int, top_p: float):

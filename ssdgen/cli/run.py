@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ssdgen.cli.options import flow_console, friendly
+from ssdgen.cli.options import check_out_files, flow_console, friendly
 from ssdgen.cli.run_options import run_settings
 from ssdgen.flows.settings import RunSettings
 
@@ -274,6 +274,7 @@ def report_cmd(url: str = typer.Argument(..., help="a run's output URL (local pa
     """A standalone HTML report of a pipeline run, from its committed Parquet and JSON only; its cost at the price
     the run recorded, or at yours (--prices, --usd-per-hour)."""
     from ssdgen.bench.report import write_report
+    check_out_files({"--html": html})
     info = write_report(url, html, samples=samples, prices=prices, usd_per_hour=usd_per_hour,
                         spot_usd_per_hour=spot_usd_per_hour)
     typer.echo(f"wrote {html} ({info['shards']} committed shards, {info['images_ok']} images ok, "

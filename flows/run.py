@@ -34,23 +34,28 @@ def run(cfg: RunSettings, overwrite: bool = False, progress: bool = True,
         return {"shards_run_now": 0, "shards_committed": len(prep.plan), "shards_total": len(prep.plan)}
     elif not overwrite and not prep.pending:  # the flow rebuilds them from the markers, under the lease
         say(f"nothing to decode, but {prep.stale}: rebuilding manifest.parquet and summary.json")
-    from . import pipeline  # noqa: F401 - Prefect sets its logging up at import: the CLI's `around` filters it
-    with around() as server_ready:
-        return _flow(cfg, progress, overwrite, server_ready)
+    with around() as server:
+        return _flow(cfg, progress, overwrite, server)
 
 
-def _flow(cfg: RunSettings, progress: bool, overwrite: bool, server_ready: Callable[[], None] | None) -> dict:
-    """The flow, once Prefect's API answers. While a temporary Prefect server starts (`server_ready` waits for
-    it), a run that would start a local Ray starts it meanwhile: each takes seconds, mostly on one core (#36);
-    the flow then finds Ray running, and Ray is stopped here after it."""
+def _flow(cfg: RunSettings, progress: bool, overwrite: bool, server) -> dict:
+    """The flow, under the Prefect API `server` gives (`server.api()`: a temporary server starting, from the
+    CLI's `around`; None: Prefect's own settings). While a temporary server starts, a run that would start a
+    local Ray starts it meanwhile: each takes seconds (#36); the flow then finds Ray running, and Ray is stopped
+    here after it. A signal meanwhile stops the start as one inside the flow would (flows.interrupts)."""
     from . import cluster
+    from .interrupts import StopSignals
     from .pipeline import generate as flow
-    local = server_ready is not None and not (cfg.ray_address or os.environ.get("RAY_ADDRESS") or cfg.cluster_limit)
-    started = local and cluster.start(None)
+    local = server is not None and not (cfg.ray_address or os.environ.get("RAY_ADDRESS") or cfg.cluster_limit)
+    started = False
     try:
-        if server_ready is not None:
-            server_ready()
-        return flow(cfg, progress=progress, overwrite=overwrite)
+        with StopSignals(lambda: "interrupted before any shard ran; run the same command to resume") as stop:
+            started = local and cluster.start(None)
+            stop.check()
+            if server is not None:
+                server.wait(stop.check)
+        with server.api() if server is not None else contextlib.nullcontext():
+            return flow(cfg, progress=progress, overwrite=overwrite)
     finally:
         if started:
             cluster.stop([], started)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 from typing import Optional
 
 import typer
@@ -66,79 +67,52 @@ class _QuietUserErrors(logging.Filter):
 
 @contextlib.contextmanager
 def flow_console():
-    """Around a flow call: keep user errors' tracebacks off the console, and on such an error stop Prefect's
-    temporary API server now (it would log its shutdown at exit, after the `error:` line). The temporary server
-    starts in the background (the run starts its local Ray meanwhile: flows/run.py); the context gives the
-    function that waits for it, or None when a server is configured."""
-    from prefect.logging.handlers import PrefectConsoleHandler
-    # Prefect's console handler sits on the root logger (the "prefect" logger only propagates to it)
-    handlers = [h for name in ("", "prefect") for h in logging.getLogger(name).handlers
-                if isinstance(h, PrefectConsoleHandler)]
-    quiet = _QuietUserErrors()
-    for h in handlers:
-        h.addFilter(quiet)
-    starting = _start_prefect_server()
+    """Around a flow call: keep user errors' tracebacks off the console. Without a Prefect API the temporary
+    server starts here first, before Prefect is imported (ssdgen/cli/prefect_server.py), and the context gives
+    the one the flow runs under (`.api()`; None when an API is configured): the run starts its local Ray
+    meanwhile (flows/run.py)."""
+    server = _temporary_server()
     try:
-        yield starting.result if starting is not None else None
-    except USER_ERRORS:
-        _stop_prefect_server()
-        raise
-    finally:
+        from prefect import flow  # noqa: F401 - sets Prefect's logging up: its console handler is filtered below
+        from prefect.logging.handlers import PrefectConsoleHandler
+        if server is not None and not server.needed():
+            server = None
+        # Prefect's console handler sits on the root logger (the "prefect" logger only propagates to it)
+        handlers = [h for name in ("", "prefect") for h in logging.getLogger(name).handlers
+                    if isinstance(h, PrefectConsoleHandler)]
+        quiet = _QuietUserErrors()
         for h in handlers:
-            h.removeFilter(quiet)
-
-
-def _start_prefect_server():
-    """Start Prefect's temporary API server (no API URL configured) on a thread -> its future (None when an API
-    is configured: it is left alone). Its process inherits the thread's blocked SIGINT: a Ctrl-C in the terminal
-    reaches every process of the foreground group, and a server that died of it would leave the stopping run
-    without its API (httpx.ConnectError, a hang). The run stops it itself (SIGTERM, at exit)."""
-    import threading
-    from concurrent.futures import Future
-    from prefect.settings import get_current_settings
-    settings = get_current_settings()
-    if settings.api.url or not settings.server.ephemeral.enabled or \
-            threading.current_thread() is not threading.main_thread():
-        return None
-    future: Future = Future()
-
-    def start() -> None:
+            h.addFilter(quiet)
         try:
-            future.set_result(_serve(settings.home))
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
-            future.set_exception(e)
-    threading.Thread(target=start, name="prefect-server-start", daemon=True).start()
-    return future
+            yield server
+        except USER_ERRORS:
+            _flush_run_logs()
+            raise
+        finally:
+            for h in handlers:
+                h.removeFilter(quiet)
+    finally:
+        if server is not None:
+            server.stop()  # after the run's logs went to it (Prefect sends them as the flow ends)
 
 
-def _serve(home) -> None:
-    import fcntl
-    import signal
-    from prefect.server.api.server import SubprocessASGIServer
-    # one start at a time per Prefect home: every temporary server migrates the same SQLite database at start,
-    # and two runs started together would race on it (a uvicorn traceback); the lock is released at exit too
-    home.mkdir(parents=True, exist_ok=True)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this thread's only: the server inherits it
-    with open(home / "ssdgen-server-start.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        SubprocessASGIServer().start()
+def _temporary_server():
+    """Prefect's temporary API server, starting, unless the environment names a Prefect API (a real server, a
+    test harness: left alone) or this is not the main thread (signals, the server's SIGINT mask)."""
+    import threading
+    from ssdgen.cli.prefect_server import TemporaryServer
+    if os.environ.get("PREFECT_API_URL") or threading.current_thread() is not threading.main_thread():
+        return None
+    return TemporaryServer().start()
 
 
-def _stop_prefect_server() -> None:
-    """Send the queued run logs (the failure's traceback among them), then stop the temporary Prefect server
-    this process started in ephemeral mode (no API URL configured), if any. Best effort: it uses a private
-    Prefect API, and atexit stops it anyway."""
+def _flush_run_logs() -> None:
+    """Send the queued run logs (the failure's traceback among them) before the server stops. Best effort."""
     try:
         from prefect.logging.handlers import APILogHandler
-        from prefect.server.api.server import SubprocessASGIServer
-        from prefect.settings import get_current_settings
-        if get_current_settings().api.url:  # a configured API (a real server, a test harness): not ours to stop
-            return
         for h in logging.getLogger("prefect.flow_runs").handlers:
             if isinstance(h, APILogHandler):
                 h.flush()
-        for server in list(getattr(SubprocessASGIServer, "_instances", {}).values()):
-            server.stop()
     except Exception:  # noqa: BLE001 - only tidies the console
         pass
 

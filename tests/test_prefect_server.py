@@ -1,0 +1,37 @@
+"""Prefect's temporary API server started before Prefect is imported (ssdgen/cli/prefect_server.py, #36 item 7):
+the flow's client talks to it through PREFECT_API_URL, it is stopped unused where Prefect's settings name an API,
+and nothing of it is left after `stop`."""
+
+import httpx
+import pytest
+
+
+@pytest.mark.integration
+def test_the_temporary_server_answers_is_the_flows_api_and_stops(tmp_path, monkeypatch):
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, get_current_settings
+
+    from ssdgen.cli.prefect_server import TemporaryServer
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    server = TemporaryServer().start()
+    try:
+        assert server.home == tmp_path and (tmp_path / "ssdgen-server-start.lock").exists()
+        with server.api():
+            assert PREFECT_API_URL.value() == server.url and not PREFECT_UI_URL.value()
+            assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+        assert get_current_settings().api.url != server.url  # only the flow runs under it
+        process = server.process
+    finally:
+        server.stop()
+    assert process.poll() is not None and server.process is None
+
+
+def test_it_is_stopped_unused_where_prefects_settings_name_an_api(tmp_path, monkeypatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from ssdgen.cli.prefect_server import TemporaryServer
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    server = TemporaryServer().start()
+    process = server.process
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}):  # as a profile would
+        assert not server.needed()
+    assert process.wait(timeout=10) is not None and server.process is None

@@ -144,7 +144,7 @@ def actors_to_start(cpus: float, gpus: float, actors: int, log=None, fixed: bool
     default: whether it is the local Ray `start_local` started) as many as fit at once. Raises ValueError when
     none can ever fit."""
     import ray
-    log = log or _logger()
+    log = log or run_logger()
     if fixed is None:  # the local Ray started here, and still the one connected (a test may have swapped it)
         fixed = bool(_local_gcs) and ray.is_initialized() and ray.get_runtime_context().gcs_address == _local_gcs
     need = {"CPU": cpus, "GPU": gpus}
@@ -171,7 +171,7 @@ def actors_to_start(cpus: float, gpus: float, actors: int, log=None, fixed: bool
     return actors
 
 
-def _logger():
+def run_logger():
     """The flow run's logger (console and Prefect UI) inside a flow; a plain one outside (tests, the API)."""
     from prefect import get_run_logger
     from prefect.exceptions import MissingContextError

@@ -182,7 +182,7 @@ def _actors(cfg: RunSettings, pending: int, stop: StopSignals | None = None) -> 
     # before any actor is requested: one that fits no node would wait forever (flows/cluster.py)
     n = cluster.actors_to_start(cfg.cpus_per_actor, cfg.gpus_per_actor, cfg.actors)
     if pending < n:
-        get_run_logger().info(f"--actors {cfg.actors}: {pending} shard(s) to run, so {pending} actor(s)")
+        cluster.run_logger().info(f"--actors {cfg.actors}: {pending} shard(s) to run, so {pending} actor(s)")
         n = pending
     cls = ray.remote(DecodeWorker).options(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
                                            max_restarts=-1, max_task_retries=0)

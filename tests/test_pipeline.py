@@ -69,6 +69,22 @@ def test_a_driver_killed_mid_run_then_rerun_runs_only_the_missing_shards(tmp_pat
     assert third["shards_run_now"] == 0 and third["images_ok"] == 24
 
 
+def test_a_run_starts_no_more_actors_than_it_has_shards_to_run(tmp_path, monkeypatch):
+    """--actors 2 for one shard: one actor loads the model (#36: a small run does not pay for an idle one)."""
+    from ssdgen.flows import pipeline
+    started: list[int] = []
+    real = pipeline._actors
+
+    def spy(cfg, pending, stop=None):
+        actors = real(cfg, pending, stop)
+        started.append(len(actors))
+        return actors
+    monkeypatch.setattr(pipeline, "_actors", spy)
+    _write(None, tmp_path / "p.parquet", _prompts(3))
+    s = _run(prompts=[str(tmp_path / "p.parquet")], out=str(tmp_path / "run"), shard_size=8, actors=2)
+    assert s["images_ok"] == 3 and started == [1]
+
+
 def test_bad_rows_become_error_rows_and_the_shard_commits(tmp_path):
     src = tmp_path / "p.parquet"
     good = _prompts(2)

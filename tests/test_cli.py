@@ -95,6 +95,9 @@ NOT_JSON, NO_ROWS = "not json", "{}"
     (["report", "/nonexistent/run", "--html", "/nonexistent/dir/r.html"], "--html /nonexistent/dir/r.html: no"),
     (["dev", "host-time", "--batches", "x"], "--batches must be comma-separated integers, got 'x'"),
     (["dev", "bench-plan", "--rows", "-1"], "--rows and --files must be >= 1"),
+    (["dev", "roofline", "--windows", "0"], "--windows must be comma-separated integers >= 1, got '0'"),
+    (["dev", "roofline", "--profile", "64"], "--profile must be BATCHxWINDOW, e.g. 64x1, got '64'"),
+    (["dev", "roofline", "--json", "/nonexistent/dir/r.json"], "--json /nonexistent/dir/r.json: no folder"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_every_refused_value_is_one_error_line(args, message, tmp_path):
     """A bad value given the way a user would (a typo, a negative number, a folder that is not there) is one

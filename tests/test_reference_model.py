@@ -72,3 +72,23 @@ def test_fd_is_deterministic_and_separates_real_from_shuffled():
     c = predict(net, noise)["features"]
     assert frechet_distance(a, b) == frechet_distance(a, b)
     assert frechet_distance(a, b) * 5 < frechet_distance(a, c)
+
+
+def test_cache_writes_land_at_each_rows_own_positions():
+    """KVCache.update index-copies whole key vectors: every (row, head, position) gets exactly its own vector, as
+    the element-wise scatter it replaced did, rows at different positions, a window of several, others untouched."""
+    import torch
+
+    from ssdgen.reference.gpt import KVCache
+    B, H, T, D, S = 3, 2, 12, 4, 3
+    cache = KVCache(B, H, T, D)
+    cache.k.fill_(-1.0)
+    cache.v.fill_(-2.0)
+    pos = torch.tensor([[0, 1, 2], [5, 6, 7], [9, 10, 11]])  # [B, S]
+    k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D)
+    want_k, want_v = cache.k.clone(), cache.v.clone()
+    idx = pos[:, None, :, None].expand(B, H, S, D)
+    want_k.scatter_(2, idx, k)
+    want_v.scatter_(2, idx, v)
+    got_k, got_v = cache.update(pos, k.transpose(2, 3).contiguous().transpose(2, 3), v)  # k non-contiguous too
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)

@@ -27,7 +27,7 @@ PANELS = {
 }
 DEV = ("train-reference", "train-scorer", "eval-scorer", "tokenizer-report", "figures", "bench-plan",
        "bench-pipeline", "bench-scaling", "bench-scale", "shard-overhead", "formats", "shape-replay",
-       "projection-check", "host-time", "screenshot", "eval-set")
+       "projection-check", "host-time", "roofline", "screenshot", "eval-set")
 DEV_PANEL = "Maintainers"
 
 

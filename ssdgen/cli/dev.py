@@ -323,3 +323,53 @@ def host_time_cmd(out: Optional[Path] = typer.Option(None, help="write the JSON 
     if out:
         out.write_text(json.dumps(res, indent=1))
         typer.echo(f"wrote {out}")
+
+
+def _int_list(flag: str, text: str) -> list[int]:
+    """A comma-separated list of integers >= 1, or one error line naming the option."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} must be comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+@app.command("roofline")
+@friendly
+def roofline_cmd(batches: str = typer.Option("1,4,16,64,256", help="comma-separated batch sizes (CFG: 2 rows "
+                                                                   "each)"),
+                 windows: str = typer.Option("1,2,4,8", help="comma-separated tokens per row per step (1: plain "
+                                                             "AR; more: a speculative window)"),
+                 repeats: int = typer.Option(7, help="timed steps per cell, after one warm-up"),
+                 threads: int = typer.Option(2, help="torch threads"),
+                 model: Optional[str] = typer.Option(None, help="a reference-model bundle (default: the bundled "
+                                                                "one)"),
+                 json_out: Optional[Path] = typer.Option(None, "--json", help="write the table as JSON here"),
+                 profile: Optional[str] = typer.Option(None, help="BATCHxWINDOW (e.g. 64x1): also print "
+                                                                  "torch.profiler's ops of that step")):
+    """Each step of the reference model against this machine's roof: read bandwidth, the step's matmuls timed
+    alone, its KV bytes and FLOPs, and the fraction of the roof it reaches (bench/roofline.py; quiet machine)."""
+    import torch
+
+    from ssdgen.bench import roofline
+    from ssdgen.cli.options import check_out_files
+    sizes, widths = _int_list("--batches", batches), _int_list("--windows", windows)
+    if repeats < 1 or threads < 1:
+        raise ValueError(f"--repeats and --threads must be >= 1, got {repeats} and {threads}")
+    prof = _int_list("--profile", profile.replace("x", ",")) if profile else None
+    if prof is not None and len(prof) != 2:
+        raise ValueError(f"--profile must be BATCHxWINDOW, e.g. 64x1, got {profile!r}")
+    check_out_files({"--json": json_out})
+    m = model_on(f"reference:{model}" if model else "reference", "cpu", "fp32")
+    torch.set_num_threads(threads)
+    res = roofline.run(m, sizes, widths, repeats)
+    typer.echo(roofline.HEADER)
+    for r in res["rows"]:
+        typer.echo(roofline.format_row(r))
+    if prof:
+        typer.echo(roofline.profile(m, *prof))
+    if json_out:
+        json_out.write_text(json.dumps(res, indent=1))
+        typer.echo(f"wrote {json_out}")

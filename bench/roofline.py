@@ -1,0 +1,154 @@
+"""The reference model's step against this machine's roofline: what one forward costs, what it must move and
+compute, and the fraction of the machine's roof it reaches.
+
+A decode step of the bundled model (one `ReferenceModel.step`: CFG doubles its rows) reads the weights once and
+the keys and values of every cache slot in use, in every layer; it multiplies `tokens = rows x S` activations
+by the weights. On a CPU those parts run one after the other, so the step's roof (its least possible time) is
+
+    roof = (the step's matmuls, timed alone at its shapes) + (KV bytes in use) / (read bandwidth)
+
+- read bandwidth: the best of repeated sums over a 256 MB fp32 tensor (a read, as attention's is);
+- the matmuls: the step's linear layers (qkv, out, MLP, head) on random activations of its shapes, best of
+  repeats; they read the weights, so weight traffic is in this term;
+- KV bytes in use: keys and values of slots [0, T) for every row, head and layer, T the furthest position
+  attended to (mid-image by default: image token 128 of 256).
+
+The small ops (norms, RoPE, the mask, softmax, the residual adds) and Python are left out of the roof: they
+are what a faster step removes, so the fraction `roof / step` is the share of the step the hardware had to
+spend. Steps are timed on the model itself, random tokens at fixed positions, best and median of repeats.
+
+    ssdgen dev roofline [--batches 1,4,16,64,256] [--windows 1,2,4,8] [--repeats 7] [--json F] [--profile]
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ssdgen.bench.host_time import conditions
+
+MID_IMAGE = 128  # the image token the timed step is at: the cache holds the caption and 128 image tokens
+
+
+def _times(fn, repeats: int) -> list[float]:
+    """Seconds per call, `repeats` calls after one warm-up."""
+    fn()
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def read_bandwidth(mb: int = 256, repeats: int = 7) -> float:
+    """Bytes per second of a streaming read (a sum) over `mb` MB of fp32."""
+    x = torch.ones(mb * 2**20 // 4)
+    return x.numel() * 4 / min(_times(lambda: x.sum(), repeats))
+
+
+def _linears(gpt) -> list[torch.Tensor]:
+    """The weights a step multiplies by, in order: per layer qkv, out, gate+up, down; then the head."""
+    ws = [w for blk in gpt.layers for w in (blk.attn.wqkv.weight, blk.attn.wo.weight, blk.w13.weight, blk.w2.weight)]
+    return ws + [gpt.head.weight]
+
+
+def matmul_time(gpt, tokens: int, repeats: int) -> tuple[float, float]:
+    """(best seconds, FLOPs) of the step's linear layers alone on `tokens` random rows."""
+    ws = _linears(gpt)
+    xs = [torch.randn(tokens, w.shape[1], dtype=w.dtype, device=w.device) for w in ws]
+    flops = sum(2 * tokens * w.numel() for w in ws)
+
+    def run():
+        for x, w in zip(xs, ws):
+            F.linear(x, w)
+    return min(_times(run, repeats)), flops
+
+
+def step_shapes(gpt, rows: int, window: int) -> dict:
+    """What a step of `window` tokens per row at MID_IMAGE moves and computes (bytes, FLOPs)."""
+    g = gpt.cfg
+    T = g.caption_len + MID_IMAGE + window  # slots attended to by the window's last token
+    hd, item = g.dim // g.n_heads, next(gpt.parameters()).element_size()
+    kv = g.n_layers * 2 * rows * g.n_heads * T * hd * item
+    weights = sum(w.numel() for w in _linears(gpt)) * item
+    attn_flops = g.n_layers * 4 * rows * g.n_heads * window * T * hd
+    return {"slots": T, "kv_bytes": kv, "weight_bytes": weights, "attention_flops": attn_flops}
+
+
+@torch.no_grad()
+def step_time(model, batch: int, window: int, repeats: int) -> list[float]:
+    """Seconds per `model.step` of `window` tokens for `batch` samples (with CFG: 2 x batch rows) at MID_IMAGE."""
+    gpt = model.gpt
+    model._cfg, model._batch = True, batch  # the CFG layout `start` sets up, without a prefill to time around
+    gpt.setup_caches(2 * batch)
+    tokens = torch.randint(0, model.n_codes, (batch, window), device=model.device)
+    index = (MID_IMAGE + torch.arange(window, device=model.device)).expand(batch, window)
+    try:
+        return _times(lambda: model.step(tokens, index), repeats)
+    finally:
+        gpt.clear_caches()
+
+
+def cell(model, bw: float, batch: int, window: int, repeats: int) -> dict:
+    """One (batch, window) row of the table."""
+    rows = 2 * batch
+    shapes = step_shapes(model.gpt, rows, window)
+    mm_s, mm_flops = matmul_time(model.gpt, rows * window, repeats)
+    ts = step_time(model, batch, window, repeats)
+    roof = mm_s + shapes["kv_bytes"] / bw
+    best, med = min(ts), statistics.median(ts)
+    return {"batch": batch, "rows": rows, "window": window, "tokens": rows * window, **shapes,
+            "matmul_flops": mm_flops, "matmul_ms": 1e3 * mm_s, "kv_read_ms": 1e3 * shapes["kv_bytes"] / bw,
+            "roof_ms": 1e3 * roof, "step_ms_best": 1e3 * best, "step_ms_median": 1e3 * med,
+            "step_ms_max": 1e3 * max(ts), "fraction_of_roof": roof / med,
+            "matmul_gflops": mm_flops / mm_s / 1e9}
+
+
+def profile(model, batch: int, window: int, top: int = 12) -> str:
+    """torch.profiler's table of one step's ops (self CPU time), the op-by-op view of what holds it back."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+    step_time(model, batch, window, 2)
+    gpt = model.gpt
+    model._cfg, model._batch = True, batch
+    gpt.setup_caches(2 * batch)
+    tokens = torch.randint(0, model.n_codes, (batch, window), device=model.device)
+    index = (MID_IMAGE + torch.arange(window, device=model.device)).expand(batch, window)
+    try:
+        model.step(tokens, index)
+        with prof(activities=[ProfilerActivity.CPU]) as p:
+            for _ in range(5):
+                model.step(tokens, index)
+    finally:
+        gpt.clear_caches()
+    return p.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+
+
+def run(model, batches: list[int], windows: list[int], repeats: int) -> dict:
+    """The table: every window at every batch, after the machine's read bandwidth."""
+    bw = read_bandwidth()
+    print(f"read bandwidth {bw / 1e9:.1f} GB/s (a sum over 256 MB, best of 7)", flush=True)
+    rows = []
+    for window in windows:
+        for batch in batches:
+            r = cell(model, bw, batch, window, repeats)
+            rows.append(r)
+            print(format_row(r), flush=True)
+    return {"what": "the reference model's step against the roof (bench/roofline.py)", "model": model.name,
+            "dtype": str(model.dtype), "position": MID_IMAGE, "read_gb_per_s": bw / 1e9, "repeats": repeats,
+            "conditions": conditions(), "rows": rows}
+
+
+HEADER = ("window | batch | rows | slots | KV MB | GFLOP | matmul ms (GFLOP/s) | KV read ms | roof ms | "
+          "step ms median (best-max) | of roof")
+
+
+def format_row(r: dict) -> str:
+    return (f"{r['window']} | {r['batch']} | {r['rows']} | {r['slots']} | {r['kv_bytes'] / 1e6:.1f} | "
+            f"{r['matmul_flops'] / 1e9:.2f} | {r['matmul_ms']:.2f} ({r['matmul_gflops']:.0f}) | "
+            f"{r['kv_read_ms']:.2f} | {r['roof_ms']:.2f} | {r['step_ms_median']:.2f} ({r['step_ms_best']:.2f}-"
+            f"{r['step_ms_max']:.2f}) | {100 * r['fraction_of_roof']:.0f}%")

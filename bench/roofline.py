@@ -17,7 +17,7 @@ The small ops (norms, RoPE, the mask, softmax, the residual adds) and Python are
 are what a faster step removes, so the fraction `roof / step` is the share of the step the hardware had to
 spend. Steps are timed on the model itself, random tokens at fixed positions, best and median of repeats.
 
-    ssdgen dev roofline [--batches 1,4,16,64,256] [--windows 1,2,4,8] [--repeats 7] [--json F] [--profile]
+    ssdgen dev roofline [--batches 1,4,16,64,256] [--windows 1,2,4,8] [--repeats 7] [--json F] [--profile 64x1]
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def profile(model, batch: int, window: int, top: int = 12) -> str:
 def run(model, batches: list[int], windows: list[int], repeats: int) -> dict:
     """The table: every window at every batch, after the machine's read bandwidth."""
     bw = read_bandwidth()
-    print(f"read bandwidth {bw / 1e9:.1f} GB/s (a sum over 256 MB, best of 7)", flush=True)
+    print(f"read bandwidth {bw / 1e9:.1f} GB/s (a sum over 256 MB, best of 7)\n{HEADER}\n{SEPARATOR}", flush=True)
     rows = []
     for window in windows:
         for batch in batches:
@@ -145,6 +145,8 @@ def run(model, batches: list[int], windows: list[int], repeats: int) -> dict:
 
 HEADER = ("window | batch | rows | slots | KV MB | GFLOP | matmul ms (GFLOP/s) | KV read ms | roof ms | "
           "step ms median (best-max) | of roof")
+
+SEPARATOR = "|".join(["---"] * HEADER.count("|")) + "|---"
 
 
 def format_row(r: dict) -> str:

@@ -94,16 +94,21 @@ class KVCache(nn.Module):
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """input_pos [B, S]; k, v [B, H, S, hd] -> full caches [B, H, T, hd].
+    def slots(self, input_pos: torch.Tensor) -> torch.Tensor:
+        """input_pos [B, S] -> the rows [B * H * S] of the cache viewed as [B * H * T, hd] that `update` writes,
+        in (b, h, s) order; computed once per step, for every layer (their caches have one shape)."""
+        B, H, T, _ = self.k.shape
+        first = torch.arange(B * H, device=input_pos.device).view(B, H, 1) * T  # [B, H, 1]: slot 0's row
+        return (first + input_pos[:, None, :]).flatten()
 
-        A (row, head, position)'s key is one contiguous hd-vector of the cache: whole vectors are index-copied
-        into the cache viewed as [B * H * T, hd], where a scatter indexed every element (about 30% slower)."""
-        B, H, S, D = k.shape
-        first = torch.arange(B * H, device=k.device).view(B, H, 1) * self.k.shape[2]  # [B, H, 1] slot 0's row
-        flat = (first + input_pos[:, None, :]).flatten()  # [B * H * S], in k's (b, h, s) order
-        self.k.view(-1, D).index_copy_(0, flat, k.reshape(-1, D))
-        self.v.view(-1, D).index_copy_(0, flat, v.reshape(-1, D))
+    def update(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """slots [B * H * S] from `slots`; k, v [B, H, S, hd] -> full caches [B, H, T, hd].
+
+        A (row, head, position)'s key is one contiguous hd-vector of the cache: whole vectors are index-copied,
+        where a scatter indexed every element (docs/benchmarks.md, "The step at the roofline")."""
+        D = k.shape[-1]
+        self.k.view(-1, D).index_copy_(0, slots, k.reshape(-1, D))
+        self.v.view(-1, D).index_copy_(0, slots, v.reshape(-1, D))
         return self.k, self.v
 
 
@@ -151,8 +156,9 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x, cos, sin, input_pos=None, mask=None, ragged: Ragged | None = None):
-        """x [B, S, dim], or [T, dim] packed by `ragged`; the output has x's layout."""
+    def forward(self, x, cos, sin, slots=None, mask=None, ragged: Ragged | None = None):
+        """x [B, S, dim], or [T, dim] packed by `ragged`; the output has x's layout. slots: the cache rows
+        KVCache.slots gives for the step's positions (cached passes)."""
         qkv = self.wqkv(x)
         if ragged is not None:  # padding's q, k, v are zeros: its keys land on slots that no real query reads
             qkv = ragged.unpack(qkv)
@@ -162,7 +168,7 @@ class Attention(nn.Module):
         if self.kv_cache is None:  # training / full recompute: plain causal attention
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            k, v = self.kv_cache.update(input_pos, k, v)
+            k, v = self.kv_cache.update(slots, k, v)
             T = mask.shape[-1]  # attend only up to the furthest position in use, not the whole cache
             y = F.scaled_dot_product_attention(q, k[:, :, :T], v[:, :, :T], attn_mask=mask)
         y = y.transpose(1, 2).reshape(B, S, -1)
@@ -177,8 +183,8 @@ class Block(nn.Module):
         self.w13 = nn.Linear(cfg.dim, 2 * cfg.mlp_hidden, bias=False)  # gate and up, fused
         self.w2 = nn.Linear(cfg.mlp_hidden, cfg.dim, bias=False)
 
-    def forward(self, x, cos, sin, input_pos=None, mask=None, ragged: Ragged | None = None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, input_pos, mask, ragged)
+    def forward(self, x, cos, sin, slots=None, mask=None, ragged: Ragged | None = None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, slots, mask, ragged)
         gate, up = self.w13(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.w2(F.silu(gate) * up)
 
@@ -245,8 +251,9 @@ class GPT(nn.Module):
         x = self.embed(idx, pos)
         if ragged is not None:
             x = ragged.pack(x)  # [T, dim]
+        slots = None if cache_pos is None else self.layers[0].attn.kv_cache.slots(cache_pos)
         for blk in self.layers:
-            x = blk(x, cos, sin, cache_pos, mask, ragged)
+            x = blk(x, cos, sin, slots, mask, ragged)
         return x
 
     def forward(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None,

@@ -364,10 +364,7 @@ def roofline_cmd(batches: str = typer.Option("1,4,16,64,256", help="comma-separa
     check_out_files({"--json": json_out})
     m = model_on(f"reference:{model}" if model else "reference", "cpu", "fp32")
     torch.set_num_threads(threads)
-    res = roofline.run(m, sizes, widths, repeats)
-    typer.echo(roofline.HEADER)
-    for r in res["rows"]:
-        typer.echo(roofline.format_row(r))
+    res = roofline.run(m, sizes, widths, repeats)  # prints the table as it goes
     if prof:
         typer.echo(roofline.profile(m, *prof))
     if json_out:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -79,18 +80,26 @@ def step_shapes(gpt, rows: int, window: int) -> dict:
     return {"slots": T, "kv_bytes": kv, "weight_bytes": weights, "attention_flops": attn_flops}
 
 
-@torch.no_grad()
-def step_time(model, batch: int, window: int, repeats: int) -> list[float]:
-    """Seconds per `model.step` of `window` tokens for `batch` samples (with CFG: 2 x batch rows) at MID_IMAGE."""
-    gpt = model.gpt
-    model._cfg, model._batch = True, batch  # the CFG layout `start` sets up, without a prefill to time around
-    gpt.setup_caches(2 * batch)
+@contextmanager
+def mid_image_step(model, batch: int, window: int):
+    """A batch set up as a run's is (`model.start` on eval captions, CFG: 2 x batch rows; the caches hold the
+    captions, and the image slots up to MID_IMAGE are in use) -> a call that runs one `model.step` of `window`
+    random tokens per sample at MID_IMAGE. The caches are freed after."""
+    from ssdgen.reference.prompts import eval_prompts
+    captions = [r["prompt"] for r in eval_prompts()]
+    model.start([captions[i % len(captions)] for i in range(batch)], use_cfg=True)
     tokens = torch.randint(0, model.n_codes, (batch, window), device=model.device)
     index = (MID_IMAGE + torch.arange(window, device=model.device)).expand(batch, window)
     try:
-        return _times(lambda: model.step(tokens, index), repeats)
+        yield lambda: model.step(tokens, index)
     finally:
-        gpt.clear_caches()
+        model.gpt.clear_caches()
+
+
+def step_time(model, batch: int, window: int, repeats: int) -> list[float]:
+    """Seconds per `model.step` of `window` tokens for `batch` samples at MID_IMAGE."""
+    with mid_image_step(model, batch, window) as step:
+        return _times(step, repeats)
 
 
 def cell(model, bw: float, batch: int, window: int, repeats: int) -> dict:
@@ -109,22 +118,14 @@ def cell(model, bw: float, batch: int, window: int, repeats: int) -> dict:
 
 
 def profile(model, batch: int, window: int, top: int = 12) -> str:
-    """torch.profiler's table of one step's ops (self CPU time), the op-by-op view of what holds it back."""
+    """torch.profiler's table of one step's ops (self CPU time, 5 steps), the op-by-op view of what holds it back."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
-    step_time(model, batch, window, 2)
-    gpt = model.gpt
-    model._cfg, model._batch = True, batch
-    gpt.setup_caches(2 * batch)
-    tokens = torch.randint(0, model.n_codes, (batch, window), device=model.device)
-    index = (MID_IMAGE + torch.arange(window, device=model.device)).expand(batch, window)
-    try:
-        model.step(tokens, index)
+    with mid_image_step(model, batch, window) as step:
+        _times(step, 2)  # warm-up
         with prof(activities=[ProfilerActivity.CPU]) as p:
             for _ in range(5):
-                model.step(tokens, index)
-    finally:
-        gpt.clear_caches()
+                step()
     return p.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 

@@ -44,18 +44,24 @@ def _flow(cfg: RunSettings, progress: bool, overwrite: bool, server) -> dict:
     local Ray starts it meanwhile: each takes seconds (#36); the flow then finds Ray running, and Ray is stopped
     here after it. A signal meanwhile stops the start as one inside the flow would (flows.interrupts)."""
     from . import cluster
-    from .interrupts import StopSignals
+    from .interrupts import Interrupted, StopSignals
     from .pipeline import generate as flow
     local = server is not None and not (cfg.ray_address or os.environ.get("RAY_ADDRESS") or cfg.cluster_limit)
     started = False
+    stop = StopSignals(lambda: "interrupted before any shard ran; run the same command to resume")
     try:
-        with StopSignals(lambda: "interrupted before any shard ran; run the same command to resume") as stop:
+        with stop:
             started = local and cluster.start(None)
             stop.check()
             if server is not None:
                 server.wait(stop.check)
         with server.api() if server is not None else contextlib.nullcontext():
             return flow(cfg, progress=progress, overwrite=overwrite)
+    except Interrupted as e:  # from here on a signal is a second one: it ends everything at once, with this line
+        line = str(e)
+        stop.line, stop.signum = (lambda: line), e.signum
+        raise
     finally:
         if started:
-            cluster.stop([], started)
+            with stop:  # shutting the local Ray down takes seconds: a signal meanwhile is handled, never a bare
+                cluster.stop([], started)  # KeyboardInterrupt that would hide the run's line

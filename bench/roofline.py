@@ -69,12 +69,13 @@ def matmul_time(gpt, tokens: int, repeats: int) -> tuple[float, float]:
     return min(_times(run, repeats)), flops
 
 
-def step_shapes(gpt, rows: int, window: int) -> dict:
-    """What a step of `window` tokens per row at MID_IMAGE moves and computes (bytes, FLOPs)."""
+def step_shapes(gpt, rows: int, window: int, kv_item: int | None = None) -> dict:
+    """What a step of `window` tokens per row at MID_IMAGE moves and computes (bytes, FLOPs); kv_item: the
+    cache's bytes per value (None: the weights')."""
     g = gpt.cfg
     T = g.caption_len + MID_IMAGE + window  # slots attended to by the window's last token
     hd, item = g.dim // g.n_heads, next(gpt.parameters()).element_size()
-    kv = g.n_layers * 2 * rows * g.n_heads * T * hd * item
+    kv = g.n_layers * 2 * rows * g.n_heads * T * hd * (kv_item or item)
     weights = sum(w.numel() for w in _linears(gpt)) * item
     attn_flops = g.n_layers * 4 * rows * g.n_heads * window * T * hd
     return {"slots": T, "kv_bytes": kv, "weight_bytes": weights, "attention_flops": attn_flops}
@@ -105,7 +106,7 @@ def step_time(model, batch: int, window: int, repeats: int) -> list[float]:
 def cell(model, bw: float, batch: int, window: int, repeats: int) -> dict:
     """One (batch, window) row of the table."""
     rows = 2 * batch
-    shapes = step_shapes(model.gpt, rows, window)
+    shapes = step_shapes(model.gpt, rows, window, model.kv_dtype.itemsize)
     mm_s, mm_flops = matmul_time(model.gpt, rows * window, repeats)
     ts = step_time(model, batch, window, repeats)
     roof = mm_s + shapes["kv_bytes"] / bw
@@ -140,8 +141,8 @@ def run(model, batches: list[int], windows: list[int], repeats: int) -> dict:
             rows.append(r)
             print(format_row(r), flush=True)
     return {"what": "the reference model's step against the roof (bench/roofline.py)", "model": model.name,
-            "dtype": str(model.dtype), "position": MID_IMAGE, "read_gb_per_s": bw / 1e9, "repeats": repeats,
-            "conditions": conditions(), "rows": rows}
+            "dtype": str(model.dtype), "kv_dtype": str(model.kv_dtype), "position": MID_IMAGE,
+            "read_gb_per_s": bw / 1e9, "repeats": repeats, "conditions": conditions(), "rows": rows}
 
 
 HEADER = ("window | batch | rows | slots | KV MB | GFLOP | matmul ms (GFLOP/s) | KV read ms | roof ms | "

@@ -91,7 +91,7 @@ class RunSettings(WorkerSettings):
     def check(self) -> Price:
         """Every value against the others and the price table; the run's price."""
         from ssdgen.workers.decode_worker import check_image_format
-        from ssdgen.models.registry import check_dtype, check_model_spec
+        from ssdgen.models.registry import ModelSpec, check_dtype, check_kv, check_model_spec
 
         from .cluster import check_address
         if not self.prompts:
@@ -113,6 +113,7 @@ class RunSettings(WorkerSettings):
         check_format(self.format)
         check_address(self.ray_address)
         check_dtype(self.dtype, on_gpu=self.gpus_per_actor > 0)
+        check_kv(ModelSpec.parse(self.model), on_gpu=self.gpus_per_actor > 0)
         price = price_from(self.device_type, self.prices, self.usd_per_hour, self.spot_usd_per_hour)
         if price.unit == "gpu" and self.gpus_per_actor <= 0:
             raise ValueError(f"--device-type {self.device_type} is priced per GPU, but actors get no GPU "

@@ -7,6 +7,10 @@ Spec options. A Hugging Face spec may end in `:key=value` options, parsed once i
 many pixels, at the VQ's pixels per token: 512 x 512 -> 64 x 64 on Emu3-Gen); without either, Emu3 reads
 `image_area` from the checkpoint's config.json (as the original Emu3 checkpoints state it), else decodes 90 x 90
 tokens (Emu3-Gen's 720 x 720). `chameleon:` takes `grid=` (default 32 x 32); Janus's grid is fixed by its VQ.
+`reference` takes `kv=fp32|bf16|fp16`: the precision its KV cache stores keys and values in (default: the
+model's), `reference:kv=bf16` or `reference:/bundle:kv=bf16`. Half the cache's bytes, but on a CPU without AMX
+it is slower and it is not exact (docs/benchmarks.md, "The step at the roofline"), so it is an option, not the
+default; fp16 is refused on the CPU as --dtype fp16 is.
 
 Precision. `dtype` is fp32, bf16, fp16 or auto. auto is fp32 on the CPU; on a GPU, bf16 for the Hugging Face
 checkpoints (the precision they are published in) and fp32 for the reference model (small: its forward is
@@ -25,7 +29,8 @@ from dataclasses import dataclass
 from .checkpoints import check_checkpoint, check_heads_path
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
-OPTION_SYNTAX = {"grid": "grid=RxC", "image_area": "image_area=N"}  # each option as a spec writes it
+OPTION_SYNTAX = {"grid": "grid=RxC", "image_area": "image_area=N", "kv": "kv=DTYPE"}  # as a spec writes it
+KV_DTYPES = ("fp32", "bf16", "fp16")
 _OPTION = re.compile(r"[a-z_]+=")
 
 
@@ -47,8 +52,9 @@ class Kind:
 
 
 KINDS = {k.name: k for k in (
-    Kind("reference", False, (), "the bundled reference model (the default), or a bundle from "
-                                 "`ssdgen dev train-reference`"),
+    Kind("reference", False, ("kv",), "the bundled reference model (the default), or a bundle from "
+                                     "`ssdgen dev train-reference`; kv= fp32, bf16 or fp16 (the KV cache's "
+                                     "precision; default the model's)"),
     Kind("janus", True, (), "a Janus checkpoint (local folder, safetensors)"),
     Kind("emu3", True, ("grid", "image_area"), "an Emu3 checkpoint; grid= (token rows x cols) or image_area= "
                                                "(pixels of a square image)"),
@@ -66,6 +72,7 @@ class ModelSpec:
     path: str | None = None
     grid: tuple[int, int] | None = None
     image_area: int | None = None
+    kv: str | None = None  # the reference model's KV cache precision (KV_DTYPES); None: the model's own
 
     @classmethod
     def parse(cls, text: str | None) -> "ModelSpec":
@@ -78,7 +85,8 @@ class ModelSpec:
         takes = KINDS[kind].options
         pieces = rest.split(":")
         n = len(pieces)
-        while n > 1 and _OPTION.match(pieces[n - 1]):  # trailing key=value pieces; the path may hold ':'
+        least = 0 if not KINDS[kind].hf else 1  # the reference's path is optional: `reference:kv=bf16`
+        while n > least and _OPTION.match(pieces[n - 1]):  # trailing key=value pieces; the path may hold ':'
             n -= 1
         path, opts = ":".join(pieces[:n]), {}
         if _OPTION.match(path):
@@ -91,15 +99,16 @@ class ModelSpec:
                 raise ValueError(f"model spec {text!r}: unknown option {k!r}; {kind} {says}")
             if k in opts:
                 raise ValueError(f"model spec {text!r}: {k!r} given twice")
-            opts[k] = _grid(v, text) if k == "grid" else _positive(k, v, text)
-        if len(opts) > 1:
+            opts[k] = _grid(v, text) if k == "grid" else _kv(v, text) if k == "kv" else _positive(k, v, text)
+        if "grid" in opts and "image_area" in opts:
             raise ValueError(f"model spec {text!r}: give grid or image_area, not both")
         if kind != "reference" and not path:
             raise ValueError(f"model spec {text!r} has no checkpoint path; write {kind}:/path/to/checkpoint")
         return cls(kind, path or None, **opts)
 
     def options(self) -> dict:
-        return {k: v for k, v in (("grid", self.grid), ("image_area", self.image_area)) if v is not None}
+        return {k: v for k, v in (("grid", self.grid), ("image_area", self.image_area), ("kv", self.kv))
+                if v is not None}
 
     def __str__(self) -> str:
         opts = "".join(f":{k}={'x'.join(map(str, v)) if k == 'grid' else v}" for k, v in self.options().items())
@@ -110,6 +119,12 @@ def _positive(key: str, v: str, text: str) -> int:
     if not v.strip().isdecimal() or int(v) < 1:
         raise ValueError(f"model spec {text!r}: {key} must be a positive integer, got {v!r}")
     return int(v)
+
+
+def _kv(v: str, text: str) -> str:
+    if v not in KV_DTYPES:
+        raise ValueError(f"model spec {text!r}: kv must be one of {', '.join(KV_DTYPES)}, got {v!r}")
+    return v
 
 
 def _grid(v: str, text: str) -> tuple[int, int]:
@@ -126,6 +141,13 @@ def check_dtype(name: str, on_gpu: bool) -> None:
     if name == "fp16" and not on_gpu:
         raise ValueError("--dtype fp16 is not supported on the CPU (half-precision matmuls there are missing or "
                          "slow); use fp32 or bf16 on the CPU, or fp16 with --gpus-per-actor")
+
+
+def check_kv(spec: ModelSpec, on_gpu: bool) -> None:
+    """`kv=fp16` on the CPU is refused as --dtype fp16 is; checked by the settings before anything loads."""
+    if spec.kv == "fp16" and not on_gpu:
+        raise ValueError(f"model spec {str(spec)!r}: kv=fp16 is not supported on the CPU (half-precision "
+                         "attention there is slow); use kv=bf16 or kv=fp32, or kv=fp16 with --gpus-per-actor")
 
 
 def resolve_dtype(name: str, device: str, hf: bool = False):
@@ -145,13 +167,16 @@ def resolve_dtype(name: str, device: str, hf: bool = False):
 
 def load_model(spec: str | ModelSpec | None, device: str = "cpu", dtype: str = "auto"):
     """The model a spec names, its weights on `device` in `dtype` (see the module doc)."""
+    import torch
     ms = spec if isinstance(spec, ModelSpec) else ModelSpec.parse(spec)
     hf = KINDS[ms.kind].hf
     check_device(device)
     torch_dtype = resolve_dtype(dtype, device, hf)
     if not hf:
         from ssdgen.reference.model import ReferenceModel
-        return ReferenceModel(ms.path, device=device, dtype=torch_dtype)
+        check_kv(ms, torch.device(device).type != "cpu")
+        kv = None if ms.kv is None else resolve_dtype(ms.kv, device)
+        return ReferenceModel(ms.path, device=device, dtype=torch_dtype, kv_dtype=kv)
     from ssdgen.models.hf import ADAPTERS
     return ADAPTERS[ms.kind].from_pretrained(ms.path, device=device, dtype=torch_dtype, **ms.options())
 

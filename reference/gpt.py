@@ -106,9 +106,9 @@ class KVCache(nn.Module):
 
         A (row, head, position)'s key is one contiguous hd-vector of the cache: whole vectors are index-copied,
         where a scatter indexed every element (docs/benchmarks.md, "The step at the roofline")."""
-        D = k.shape[-1]
-        self.k.view(-1, D).index_copy_(0, slots, k.reshape(-1, D))
-        self.v.view(-1, D).index_copy_(0, slots, v.reshape(-1, D))
+        D, dt = k.shape[-1], self.k.dtype  # a cache in another precision than the model's stores its own
+        self.k.view(-1, D).index_copy_(0, slots, k.reshape(-1, D).to(dt))
+        self.v.view(-1, D).index_copy_(0, slots, v.reshape(-1, D).to(dt))
         return self.k, self.v
 
 
@@ -170,7 +170,8 @@ class Attention(nn.Module):
         else:
             k, v = self.kv_cache.update(slots, k, v)
             T = mask.shape[-1]  # attend only up to the furthest position in use, not the whole cache
-            y = F.scaled_dot_product_attention(q, k[:, :, :T], v[:, :, :T], attn_mask=mask)
+            # a cache in another precision (reference:kv=bf16): attention runs in it, as a GPU's kernel would
+            y = F.scaled_dot_product_attention(q.to(k.dtype), k[:, :, :T], v[:, :, :T], attn_mask=mask).to(x.dtype)
         y = y.transpose(1, 2).reshape(B, S, -1)
         return self.wo(y if ragged is None else ragged.pack(y))
 
@@ -277,12 +278,13 @@ class GPT(nn.Module):
             kv.k[rows, :, d], kv.v[rows, :, d] = kv.k[rows, :, s], kv.v[rows, :, s]
 
     # ------------------------------------------------------------------ caches
-    def setup_caches(self, batch: int, max_len: int | None = None) -> None:
+    def setup_caches(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> None:
+        """dtype: the caches' (None: the weights'); attention then runs in it (Attention.forward)."""
         max_len = max_len or self.cfg.seq_len + SPARE_POSITIONS
         p = next(self.parameters())
         for blk in self.layers:
             blk.attn.kv_cache = KVCache(batch, self.cfg.n_heads, max_len, self.cfg.dim // self.cfg.n_heads,
-                                        p.dtype, p.device)
+                                        dtype or p.dtype, p.device)
 
     def clear_caches(self) -> None:
         for blk in self.layers:

@@ -17,14 +17,18 @@ class ReferenceModel:
     """Wraps a trained bundle. With CFG, the cache holds 2B rows: conditional first, unconditional after."""
 
     def __init__(self, path: Path | str | None = None, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, kv_dtype: torch.dtype | None = None):
         """dtype: the transformer's precision; the VQ decoder stays fp32 (it runs once per image, and pixels
-        are what the user keeps)."""
+        are what the user keeps). kv_dtype: what the KV cache stores keys and values in (None: dtype); the
+        model's name says so when it differs, `reference:kv=bf16` (models/registry.py)."""
         bundle = load_bundle(path)
         device = torch.device(device)
         # frozen: decoders and heads train around it
         self._attach(bundle.gpt.to(device, dtype).requires_grad_(False), bundle.vq.to(device).requires_grad_(False),
                      bundle.name, bundle.path, bundle.checksums["gpt.safetensors"])
+        if kv_dtype is not None and kv_dtype != self.dtype:
+            self.kv_dtype = kv_dtype
+            self.name = f"{self.name} (kv {str(kv_dtype).removeprefix('torch.')})"
 
     @classmethod
     def from_modules(cls, gpt, vq, name: str = "in-training") -> "ReferenceModel":
@@ -37,6 +41,7 @@ class ReferenceModel:
         self.gpt, self.vq = gpt, vq
         self.device = next(gpt.parameters()).device
         self.dtype = next(gpt.parameters()).dtype  # the transformer's; the decoders' probabilities are fp32
+        self.kv_dtype = self.dtype  # the KV cache's
         self.name, self.path = name, path
         self.weights_digest = digest  # heads trained for these weights only
         self.default_heads = path / "heads" if path else None  # SSD heads: heads.safetensors + heads.json
@@ -64,7 +69,7 @@ class ReferenceModel:
         if use_cfg:
             ids = torch.cat([ids, torch.tensor([cap.null_caption()] * B, device=self.device)])
         self._cfg, self._batch = use_cfg, B
-        self.gpt.setup_caches(ids.shape[0])
+        self.gpt.setup_caches(ids.shape[0], dtype=self.kv_dtype)
         pos = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
         logits, hidden = self.gpt(ids + self.n_codes, pos)
         return self._split(logits[:, -1:], hidden[:, -1:])
@@ -100,7 +105,7 @@ class ReferenceModel:
     def cache_bytes_per_sample(self, use_cfg: bool) -> int:
         """What one sample's KV cache takes (gpt.setup_caches' allocation; CFG doubles its rows)."""
         g = self.gpt.cfg
-        per_row = g.n_layers * 2 * (g.seq_len + SPARE_POSITIONS) * g.dim * self.dtype.itemsize  # keys and values
+        per_row = g.n_layers * 2 * (g.seq_len + SPARE_POSITIONS) * g.dim * self.kv_dtype.itemsize  # keys and values
         return per_row * (2 if use_cfg else 1)
 
     def _split(self, logits: torch.Tensor, hidden: torch.Tensor) -> StepOutput:

@@ -52,6 +52,8 @@ def run(*args, timeout=300):
     (["generate", "--prompts", "x.parquet", "--format", "zip"], "--format must be one of parquet, webdataset"),
     (["status", "/nonexistent/run"], "no ssdgen run here"),
     (["generate", "--prompts", "x.parquet", "--dtype", "fp16"], "--dtype fp16 is not supported on the CPU"),
+    (["generate", "--prompts", "x.parquet", "--model", "reference:kv=fp16"], "kv=fp16 is not supported on the CPU"),
+    (["generate", "--prompts", "x.parquet", "--model", "reference:kv=int8"], "kv must be one of fp32, bf16, fp16"),
     (["serve", "--prompts", "x.parquet", "--out", "o", "--dtype", "fp8"], "--dtype must be one of"),
     (["serve", "--prompts", "x.parquet", "--out", "o", "--cron", "every night"], "--cron 'every night': Invalid"),
     (["export", "/nonexistent/run", "--to", "x"], "no ssdgen run here"),
@@ -262,9 +264,13 @@ def test_models_lists_every_kind_with_a_spec_syntax_the_registry_parses():
     assert set(syntax) == set(OPTIONS)
     for kind, line in syntax.items():
         plain, _, opts = line.partition("[")
+        if opts.startswith(":/"):  # the reference's optional bundle path, then its options
+            path, _, opts = opts.partition("]")
+            plain, opts = plain + path, opts.removeprefix("[")
         for opt in [o for o in opts.rstrip("]").split("|") if o] or [""]:  # every option the line offers
-            text = plain + opt.replace("RxC", "4x4").replace("=N", "=64")
+            text = plain + opt.replace("RxC", "4x4").replace("=N", "=64").replace("DTYPE", "bf16")
             assert ModelSpec.parse(text).kind == kind, text
+    assert ModelSpec.parse("reference:kv=bf16") == ModelSpec("reference", None, kv="bf16")  # the path is optional
 
 
 OUTPUTS = {"out", "plot", "html", "json_path", "work", "workdir", "to"}

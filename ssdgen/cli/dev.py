@@ -344,8 +344,9 @@ def roofline_cmd(batches: str = typer.Option("1,4,16,64,256", help="comma-separa
                                                              "AR; more: a speculative window)"),
                  repeats: int = typer.Option(7, help="timed steps per cell, after one warm-up"),
                  threads: int = typer.Option(2, help="torch threads"),
-                 model: Optional[str] = typer.Option(None, help="a reference-model bundle (default: the bundled "
-                                                                "one)"),
+                 model: Optional[str] = typer.Option(None, help="the reference model: a bundle's path, or a spec "
+                                                                "reference[:/path/to/bundle][:kv=DTYPE] (default: "
+                                                                "the bundled one, fp32 cache)"),
                  json_out: Optional[Path] = typer.Option(None, "--json", help="write the table as JSON here"),
                  profile: Optional[str] = typer.Option(None, help="BATCHxWINDOW (e.g. 64x1): also print "
                                                                   "torch.profiler's ops of that step")):
@@ -362,7 +363,8 @@ def roofline_cmd(batches: str = typer.Option("1,4,16,64,256", help="comma-separa
     if prof is not None and len(prof) != 2:
         raise ValueError(f"--profile must be BATCHxWINDOW, e.g. 64x1, got {profile!r}")
     check_out_files({"--json": json_out})
-    m = model_on(f"reference:{model}" if model else "reference", "cpu", "fp32")
+    spec = model or "reference"
+    m = model_on(spec if spec.startswith("reference") else f"reference:{spec}", "cpu", "fp32")
     torch.set_num_threads(threads)
     res = roofline.run(m, sizes, widths, repeats)  # prints the table as it goes
     if prof:

@@ -209,6 +209,8 @@ def model_info(model) -> dict:
         p = next(gpt.parameters())
         info |= {"params": int(sum(t.numel() for t in gpt.parameters())), "layers": g.n_layers, "dim": g.dim,
                  "kv_dim": g.dim, "prompt_len": g.caption_len, "bytes_per_param": p.element_size()}
+    if model.capabilities.kv_dtype is not None:  # `reference:kv=bf16`: the cache's precision, not the weights'
+        info["kv_dtype"] = model.capabilities.kv_dtype
     return info
 
 

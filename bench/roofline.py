@@ -141,7 +141,7 @@ def run(model, batches: list[int], windows: list[int], repeats: int) -> dict:
             rows.append(r)
             print(format_row(r), flush=True)
     return {"what": "the reference model's step against the roof (bench/roofline.py)", "model": model.name,
-            "dtype": str(model.dtype), "kv_dtype": str(model.kv_dtype), "position": MID_IMAGE,
+            "dtype": str(model.dtype), "kv_dtype": model.capabilities.kv_dtype, "position": MID_IMAGE,
             "read_gb_per_s": bw / 1e9, "repeats": repeats, "conditions": conditions(), "rows": rows}
 
 

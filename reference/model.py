@@ -20,15 +20,14 @@ class ReferenceModel:
                  dtype: torch.dtype = torch.float32, kv_dtype: torch.dtype | None = None):
         """dtype: the transformer's precision; the VQ decoder stays fp32 (it runs once per image, and pixels
         are what the user keeps). kv_dtype: what the KV cache stores keys and values in (None: dtype); the
-        model's name says so when it differs, `reference:kv=bf16` (models/registry.py)."""
+        capabilities say which (`reference:kv=bf16`, models/registry.py); its name stays the weights' own (SSD
+        heads are trained for weights, not for a cache precision)."""
         bundle = load_bundle(path)
         device = torch.device(device)
         # frozen: decoders and heads train around it
         self._attach(bundle.gpt.to(device, dtype).requires_grad_(False), bundle.vq.to(device).requires_grad_(False),
                      bundle.name, bundle.path, bundle.checksums["gpt.safetensors"])
-        if kv_dtype is not None and kv_dtype != self.dtype:
-            self.kv_dtype = kv_dtype
-            self.name = f"{self.name} (kv {str(kv_dtype).removeprefix('torch.')})"
+        self.kv_dtype = kv_dtype or self.dtype
 
     @classmethod
     def from_modules(cls, gpt, vq, name: str = "in-training") -> "ReferenceModel":
@@ -79,7 +78,8 @@ class ReferenceModel:
         """Tree attention (step takes tree=, copy_cache moves a branch's keys: decoders/branches.py), its own
         heads, its weights' digest and its caches' size (decoders/protocol.py)."""
         return Capabilities(tree_attention=True, heads=None if self.default_heads is None else str(self.default_heads),
-                            weights_digest=self.weights_digest, kv_bytes_per_sample=self.cache_bytes_per_sample)
+                            weights_digest=self.weights_digest, kv_bytes_per_sample=self.cache_bytes_per_sample,
+                            kv_dtype=str(self.kv_dtype).removeprefix("torch."))
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, index: torch.Tensor, lengths: torch.Tensor | None = None,

@@ -96,13 +96,20 @@ def test_cache_writes_land_at_each_rows_own_positions():
 
 def test_a_bf16_kv_cache_halves_the_cache_and_stays_close_to_fp32():
     """`reference:kv=bf16` (#37 item 3): keys and values stored in bf16, attention run in it; the cache is half
-    the bytes, the model's name says so, and the next-token distribution stays close to fp32's. Not exact: the
+    the bytes, the capabilities say so (cached plans are kept apart), its SSD heads still load (they are the
+    weights', which are the same), and the next-token distribution stays close to fp32's. Not exact: the
     fidelity gap at n = 256 is docs/benchmarks.md's ("The step at the roofline")."""
+    from ssdgen.decoders import build
+    from ssdgen.decoders.spec import DecodeSpec
     from ssdgen.models.registry import load_model
+    from ssdgen.workers import plan_cache
     prompts = [r["prompt"] for r in eval_prompts(4)]
     fp32, bf16 = load_model("reference"), load_model("reference:kv=bf16")
-    assert "kv bfloat16" in bf16.name and "kv" not in fp32.name
+    assert (fp32.capabilities.kv_dtype, bf16.capabilities.kv_dtype) == ("float32", "bfloat16")
     assert bf16.cache_bytes_per_sample(True) * 2 == fp32.cache_bytes_per_sample(True)
+    spec = DecodeSpec.parse("ssd")
+    assert plan_cache.key(fp32, spec, 64) != plan_cache.key(bf16, spec, 64)
+    assert build(spec, bf16) is not None  # its heads: trained for these weights, whatever the cache holds
     tokens = torch.randint(0, fp32.n_codes, (4, 8), generator=torch.Generator().manual_seed(0))
     out = []
     for m in (fp32, bf16):

@@ -34,13 +34,15 @@ def hardware() -> str:
 
 
 def key(model, spec, batch: int | list[int]) -> str:
-    """The cache key: hardware, torch version and threads, device, model weights, spec text and batch (or the
-    batch sizes a plan chooses among)."""
+    """The cache key: hardware, torch version and threads, device, model weights and KV cache precision, spec
+    text and batch (or the batch sizes a plan chooses among)."""
     import torch
     dev = str(getattr(model, "device", "cpu"))
     gpu = torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else ""
     parts = [VERSION, hardware(), gpu, torch.__version__, torch.get_num_threads(), dev,
              str(getattr(model, "dtype", "")), model.name, model.capabilities.weights_digest, str(spec), batch]
+    if model.capabilities.kv_dtype is not None:  # a step's speed: plans measured with another cache differ
+        parts.append(model.capabilities.kv_dtype)
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
 
 

@@ -8,9 +8,10 @@ many pixels, at the VQ's pixels per token: 512 x 512 -> 64 x 64 on Emu3-Gen); wi
 `image_area` from the checkpoint's config.json (as the original Emu3 checkpoints state it), else decodes 90 x 90
 tokens (Emu3-Gen's 720 x 720). `chameleon:` takes `grid=` (default 32 x 32); Janus's grid is fixed by its VQ.
 `reference` takes `kv=fp32|bf16|fp16`: the precision its KV cache stores keys and values in (default: the
-model's), `reference:kv=bf16` or `reference:/bundle:kv=bf16`. Half the cache's bytes, but on a CPU without AMX
-it is slower and it is not exact (docs/benchmarks.md, "The step at the roofline"), so it is an option, not the
-default; fp16 is refused on the CPU as --dtype fp16 is.
+model's), `reference:kv=bf16` or `reference:/bundle:kv=bf16`. Half the cache's bytes; on this project's CPU (no
+AMX) plain AR's step is 1.2-1.4x faster at batch 16-128, and it is not exact (its NLL gap to fp32 AR has a 95%
+interval containing 0 at n = 256; docs/benchmarks.md, "The step at the roofline"). An option, not the default,
+until a machine with AMX measures it too; fp16 is refused on the CPU as --dtype fp16 is.
 
 Precision. `dtype` is fp32, bf16, fp16 or auto. auto is fp32 on the CPU; on a GPU, bf16 for the Hugging Face
 checkpoints (the precision they are published in) and fp32 for the reference model (small: its forward is

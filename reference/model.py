@@ -26,8 +26,7 @@ class ReferenceModel:
         device = torch.device(device)
         # frozen: decoders and heads train around it
         self._attach(bundle.gpt.to(device, dtype).requires_grad_(False), bundle.vq.to(device).requires_grad_(False),
-                     bundle.name, bundle.path, bundle.checksums["gpt.safetensors"])
-        self.kv_dtype = kv_dtype or self.dtype
+                     bundle.name, bundle.path, bundle.checksums["gpt.safetensors"], kv_dtype)
 
     @classmethod
     def from_modules(cls, gpt, vq, name: str = "in-training") -> "ReferenceModel":
@@ -36,11 +35,12 @@ class ReferenceModel:
         self._attach(gpt, vq, name, None, None)
         return self
 
-    def _attach(self, gpt, vq, name: str, path: Path | None, digest: str | None) -> None:
+    def _attach(self, gpt, vq, name: str, path: Path | None, digest: str | None,
+                kv_dtype: torch.dtype | None = None) -> None:
         self.gpt, self.vq = gpt, vq
         self.device = next(gpt.parameters()).device
         self.dtype = next(gpt.parameters()).dtype  # the transformer's; the decoders' probabilities are fp32
-        self.kv_dtype = self.dtype  # the KV cache's
+        self.kv_dtype = kv_dtype or self.dtype  # the KV cache's
         self.name, self.path = name, path
         self.weights_digest = digest  # heads trained for these weights only
         self.default_heads = path / "heads" if path else None  # SSD heads: heads.safetensors + heads.json

@@ -23,6 +23,9 @@ def test_a_steps_bytes_and_flops_are_the_models_own(model):
     from ssdgen.reference.gpt import SPARE_POSITIONS
     alloc = 2 * model.cache_bytes_per_sample(use_cfg=True)
     assert shapes["kv_bytes"] == alloc * shapes["slots"] // (g.seq_len + SPARE_POSITIONS)
+    # a bf16 cache (reference:kv=bf16) moves half the KV bytes; the weights' stay fp32
+    half = roofline.step_shapes(model.gpt, rows=4, window=3, kv_item=2)
+    assert 2 * half["kv_bytes"] == shapes["kv_bytes"] and half["weight_bytes"] == shapes["weight_bytes"]
     n_weights = sum(p.numel() for n, p in model.gpt.named_parameters()
                     if n.endswith("weight") and ("wqkv" in n or "wo" in n or "w13" in n or "w2" in n
                                                  or n == "head.weight"))

@@ -280,7 +280,9 @@ def test_sigterm_while_starting_stops_at_once(tmp_path):
     write_parquet(None, tmp_path / "p.parquet", eval_rows(8))
     out = tmp_path / "run"
     p = start(["generate", "--prompts", str(tmp_path / "p.parquet"), "--out", str(out), *RUN_ARGS], tmp_path / "t.log")
-    wait_for(lambda: any(out.glob("_lease/*.json")), p, tmp_path / "t.log")  # in the flow, Ray starting
+    # in the flow with the settings recorded, Ray starting (the lease alone comes before the settings are written:
+    # a signal between the two leaves nothing recorded, and the rerun below would have nothing to replace)
+    wait_for(lambda: any(out.glob("_lease/*.json")) and (out / "_config.json").exists(), p, tmp_path / "t.log")
     p.send_signal(signal.SIGTERM)
     assert stopped_cleanly(p, tmp_path / "t.log", 143, within=20).startswith("interrupted")
     assert not list(out.glob("_lease/*.json"))  # the lease was given back

@@ -86,62 +86,30 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class KVCache(nn.Module):
-    """Per-layer pre-allocated keys/values [B, H, T, hd], written at absolute positions per sample.
+    """Per-layer pre-allocated keys/values [B, H, T, hd], written at absolute positions per sample."""
 
-    keys_by_slot: the keys are stored transposed, [B, H, hd, T] (`k` is the [B, H, T, hd] view of them), so a
-    query's scores `q @ k^T` are one GEMV over slots that lie next to each other: it reads the keys at about the
-    machine's bandwidth, where SDPA's CPU kernel read the [B, H, T, hd] cache at half of it (docs/benchmarks.md,
-    "The step at the roofline"). `setup_caches` picks it for fp32 on the CPU; elsewhere SDPA's kernels are the
-    fast path and want the plain layout."""
-
-    def __init__(self, batch: int, n_heads: int, max_len: int, head_dim: int, dtype=torch.float32, device=None,
-                 keys_by_slot: bool = False):
+    def __init__(self, batch: int, n_heads: int, max_len: int, head_dim: int, dtype=torch.float32, device=None):
         super().__init__()
         shape = (batch, n_heads, max_len, head_dim)
-        self.keys_by_slot = keys_by_slot
-        k_shape = (batch, n_heads, head_dim, max_len) if keys_by_slot else shape
-        self.register_buffer("k_store", torch.zeros(k_shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    @property
-    def k(self) -> torch.Tensor:
-        """The keys as [B, H, T, hd], whatever their layout (a view: writes through)."""
-        return self.k_store.transpose(2, 3) if self.keys_by_slot else self.k_store
-
-    def slots(self, input_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """input_pos [B, S] -> where `update` writes, computed once per step for every layer (their caches have
-        one shape): (the rows [B * H * S] of the values viewed as [B * H * T, hd], in (b, h, s) order; the same
-        for the keys, or with keys_by_slot their elements [B * H * S * hd] in (b, h, s, d) order)."""
-        B, H, T, D = self.v.shape
+    def slots(self, input_pos: torch.Tensor) -> torch.Tensor:
+        """input_pos [B, S] -> the rows [B * H * S] of the cache viewed as [B * H * T, hd] that `update` writes,
+        in (b, h, s) order; computed once per step, for every layer (their caches have one shape)."""
+        B, H, T, _ = self.k.shape
         first = torch.arange(B * H, device=input_pos.device).view(B, H, 1) * T  # [B, H, 1]: slot 0's row
-        rows = (first + input_pos[:, None, :]).flatten()
-        if not self.keys_by_slot:
-            return rows, rows
-        dim = torch.arange(D, device=input_pos.device) * T  # [hd]: element d of a slot, T apart
-        elems = first[..., None] * D + dim + input_pos[:, None, :, None]  # [B, H, S, hd]
-        return rows, elems.flatten()
+        return (first + input_pos[:, None, :]).flatten()
 
-    def update(self, slots: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor):
-        """slots from `slots`; k, v [B, H, S, hd] -> full caches [B, H, T, hd].
+    def update(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """slots [B * H * S] from `slots`; k, v [B, H, S, hd] -> full caches [B, H, T, hd].
 
-        Keys and values are index-copied (whole hd-vectors where they are contiguous), where a scatter indexed
-        every element (docs/benchmarks.md, "The step at the roofline")."""
-        rows, key_at = slots
-        D, dt = k.shape[-1], self.v.dtype  # a cache in another precision than the model's stores its own
-        if self.keys_by_slot:
-            self.k_store.view(-1).index_copy_(0, key_at, k.reshape(-1).to(dt))
-        else:
-            self.k_store.view(-1, D).index_copy_(0, key_at, k.reshape(-1, D).to(dt))
-        self.v.view(-1, D).index_copy_(0, rows, v.reshape(-1, D).to(dt))
+        A (row, head, position)'s key is one contiguous hd-vector of the cache: whole vectors are index-copied,
+        where a scatter indexed every element (docs/benchmarks.md, "The step at the roofline")."""
+        D, dt = k.shape[-1], self.k.dtype  # a cache in another precision than the model's stores its own
+        self.k.view(-1, D).index_copy_(0, slots, k.reshape(-1, D).to(dt))
+        self.v.view(-1, D).index_copy_(0, slots, v.reshape(-1, D).to(dt))
         return self.k, self.v
-
-
-def attend_by_matmul(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """SDPA's result as two batched matmuls: q [B, H, S, hd], k and v [B, H, T, hd] (k a view of keys stored
-    [B, H, hd, T], so k^T is their layout and no copy is made), mask [B, 1, S, T] bool (True: attend) ->
-    [B, H, S, hd]. Every query sees at least its own slot, so no row of the softmax is all -inf."""
-    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))  # [B, H, S, T]
-    return torch.matmul(scores.masked_fill_(~mask, float("-inf")).softmax(-1), v)
 
 
 class Ragged:
@@ -203,11 +171,7 @@ class Attention(nn.Module):
             k, v = self.kv_cache.update(slots, k, v)
             T = mask.shape[-1]  # attend only up to the furthest position in use, not the whole cache
             # a cache in another precision (reference:kv=bf16): attention runs in it, as a GPU's kernel would
-            if self.kv_cache.keys_by_slot:
-                y = attend_by_matmul(q, k[:, :, :T], v[:, :, :T], mask)
-            else:
-                y = F.scaled_dot_product_attention(q.to(k.dtype), k[:, :, :T], v[:, :, :T], attn_mask=mask)
-            y = y.to(x.dtype)
+            y = F.scaled_dot_product_attention(q.to(k.dtype), k[:, :, :T], v[:, :, :T], attn_mask=mask).to(x.dtype)
         y = y.transpose(1, 2).reshape(B, S, -1)
         return self.wo(y if ragged is None else ragged.pack(y))
 
@@ -314,17 +278,13 @@ class GPT(nn.Module):
             kv.k[rows, :, d], kv.v[rows, :, d] = kv.k[rows, :, s], kv.v[rows, :, s]
 
     # ------------------------------------------------------------------ caches
-    def setup_caches(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None,
-                     keys_by_slot: bool | None = None) -> None:
-        """dtype: the caches' (None: the weights'); attention then runs in it (Attention.forward). keys_by_slot
-        (KVCache; None: fp32 on the CPU, where it reads the cache fastest)."""
+    def setup_caches(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> None:
+        """dtype: the caches' (None: the weights'); attention then runs in it (Attention.forward)."""
         max_len = max_len or self.cfg.seq_len + SPARE_POSITIONS
         p = next(self.parameters())
-        dtype = dtype or p.dtype
-        by_slot = p.device.type == "cpu" and dtype == torch.float32 if keys_by_slot is None else keys_by_slot
         for blk in self.layers:
             blk.attn.kv_cache = KVCache(batch, self.cfg.n_heads, max_len, self.cfg.dim // self.cfg.n_heads,
-                                        dtype, p.device, by_slot)
+                                        dtype or p.dtype, p.device)
 
     def clear_caches(self) -> None:
         for blk in self.layers:

@@ -1,7 +1,7 @@
 """#37: RoPE as one complex multiply for queries and keys at once (reference/gpt.py `apply_rope`) against the
 real form it replaced (x1 cos - x2 sin and x1 sin + x2 cos stacked, per tensor), taken from the commit before:
 
-    git show HEAD~1:reference/gpt.py > /tmp/gpt_old.py    # at the commit that brought this file
+    git show 4ffbc74~1:reference/gpt.py > /tmp/gpt_old.py    # the commit before RoPE changed
     .venv/bin/python docs/results/roofline_37/rope_complex.py 9 /tmp/gpt_old.py
 
 1. per layer alone: one step's rotation of q and k at 2 and 128 rows (plain AR, batch 1 and 64 with CFG), the

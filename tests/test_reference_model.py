@@ -74,23 +74,35 @@ def test_fd_is_deterministic_and_separates_real_from_shuffled():
     assert frechet_distance(a, b) * 5 < frechet_distance(a, c)
 
 
-def test_cache_writes_land_at_each_rows_own_positions():
-    """KVCache.update index-copies whole key vectors: every (row, head, position) gets exactly its own vector, as
-    the element-wise scatter it replaced did, rows at different positions, a window of several, others untouched."""
+@pytest.mark.parametrize("pos, sliced", [
+    ([[0, 1, 2], [5, 6, 7], [9, 10, 11]], False),  # rows at their own positions: index copy
+    ([[4, 5, 6]] * 3, True),  # every row at the same adjacent slots (windows that start together): a slice
+    ([[7]] * 3, True),  # a plain-AR step, every row at one token
+    ([[4, 5, 7]] * 3, False),  # the same slots, not adjacent (a tree's scratch slots never are): index copy
+    ([[4, 5, 6], [4, 5, 6], [5, 6, 7]], False),  # one row elsewhere
+])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cache_writes_land_at_each_rows_own_positions(pos, sliced, dtype):
+    """KVCache.update writes every (row, head, position) exactly its own vector, as the element-wise scatter it
+    replaced did, others untouched: by index copy, or by one slice when every row writes the same adjacent slots
+    (a plain-AR batch on the CPU), into a cache of the model's precision or another (reference:kv=bf16)."""
     import torch
 
     from ssdgen.reference.gpt import KVCache
-    B, H, T, D, S = 3, 2, 12, 4, 3
-    cache = KVCache(B, H, T, D)
+    B, H, T, D = 3, 2, 12, 4
+    cache = KVCache(B, H, T, D, dtype=getattr(torch, dtype))
     cache.k.fill_(-1.0)
     cache.v.fill_(-2.0)
-    pos = torch.tensor([[0, 1, 2], [5, 6, 7], [9, 10, 11]])  # [B, S]
+    pos = torch.tensor(pos)  # [B, S]
+    S = pos.shape[1]
     k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D)
     want_k, want_v = cache.k.clone(), cache.v.clone()
     idx = pos[:, None, :, None].expand(B, H, S, D)
-    want_k.scatter_(2, idx, k)
-    want_v.scatter_(2, idx, v)
-    got_k, got_v = cache.update(cache.slots(pos), k.transpose(2, 3).contiguous().transpose(2, 3), v)  # k strided
+    want_k.scatter_(2, idx, k.to(cache.k.dtype))
+    want_v.scatter_(2, idx, v.to(cache.v.dtype))
+    slots = cache.slots(pos)
+    assert isinstance(slots, slice) == sliced, slots
+    got_k, got_v = cache.update(slots, k.transpose(2, 3).contiguous().transpose(2, 3), v)  # k strided
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
 
 

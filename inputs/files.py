@@ -366,7 +366,8 @@ def check_seeds(files: list[InputFile], storage_options: dict | None = None) -> 
                 row = 0
                 if f.format == "parquet":
                     pf = pq.ParquetFile(fh.handle, buffer_size=2**20, pre_buffer=False)
-                    batches = pf.iter_batches(batch_size=2**16, columns=["seed"])
+                    # use_threads=False: a Python file (_given_ids says why)
+                    batches = pf.iter_batches(batch_size=2**16, columns=["seed"], use_threads=False)
                 else:
                     batches = load_text(f, storage_options).select(["seed"]).to_batches()
                 for batch in batches:
@@ -421,7 +422,10 @@ def _given_ids(files: list[InputFile], storage_options: dict | None) -> tuple[pa
                 col = prompt_ids_as_text(load_text(f, storage_options).column("prompt_id"))
             else:
                 with PinnedFile(f.url, f.pin, storage_options) as fh:
-                    col = prompt_ids_as_text(pq.ParquetFile(fh.handle).read(columns=["prompt_id"]).column(0))
+                    # use_threads=False: a Python file read by Arrow's thread pool can abort the process at exit
+                    # ("terminate called without an active exception", apache/arrow#50482; seen once here)
+                    table = pq.ParquetFile(fh.handle).read(columns=["prompt_id"], use_threads=False)
+                    col = prompt_ids_as_text(table.column(0))
                     fh.check()
         except InputError:
             raise

@@ -89,7 +89,8 @@ def _batches(f: InputFile, fh: PinnedFile, storage_options: dict | None):
     own = (f.prompt_column, "prompt_id", "seed")
     if f.format == "parquet":
         pf = pq.ParquetFile(fh.handle, buffer_size=1 << 20, pre_buffer=False)
-        batches = pf.iter_batches(batch_size=BATCH, columns=[c for c in own if c in pf.schema_arrow.names])
+        batches = pf.iter_batches(batch_size=BATCH, columns=[c for c in own if c in pf.schema_arrow.names],
+                                  use_threads=False)  # a Python file: inputs.files._given_ids says why
     else:
         table = load_text(f, storage_options)
         batches = table.select([c for c in own if c in table.column_names]).to_batches(max_chunksize=BATCH)

@@ -46,7 +46,9 @@ class _Cursor:
                 raise InputError(f"{f.url}: file changed since it was listed ({md.num_rows} rows in {len(found)} "
                                  f"row groups, expected {f.num_rows} in {len(f.row_groups)})")
             columns = [c for c in (f.prompt_column, *OWN, *extra) if c in pf.schema_arrow.names]
-            self.batches = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns)
+            # use_threads=False: a Python file (inputs.files._given_ids says why)
+            self.batches = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns,
+                                           use_threads=False)
         except BaseException as e:
             self.file.close()
             if is_expired(e):  # s3fs: the ETag no longer holds

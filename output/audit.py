@@ -89,7 +89,8 @@ def read_audit(out, committed: dict) -> pa.Table:
     for sid in sorted(committed):
         if (f := committed[sid].file("audit")) is not None:
             with out.fs.open(out.path(f.path), "rb") as fh:
-                tables.append(pq.read_table(fh).cast(AUDIT_SCHEMA))
+                # use_threads=False: a Python file (inputs.files._given_ids says why)
+                tables.append(pq.read_table(fh, use_threads=False).cast(AUDIT_SCHEMA))
     return pa.concat_tables(tables) if tables else AUDIT_SCHEMA.empty_table()
 
 

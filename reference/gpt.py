@@ -111,7 +111,7 @@ class KVCache(nn.Module):
 
         On the CPU, when every row writes the same S adjacent slots (a plain-AR batch, all rows at one image
         token, or windows that start together), the slice of those slots instead: a strided copy writes them in
-        a third of the index copy's time once the step's attention has pushed the cache lines out (1.9 ms of a
+        about a third of the index copy's time once the step's attention has pushed the cache lines out (2.4 ms of a
         batch-64 step; docs/benchmarks.md, "The step at the roofline"). On an accelerator the check would wait
         for the device every step, so it always indexes."""
         B, H, T, _ = self.k.shape

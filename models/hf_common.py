@@ -7,11 +7,11 @@ token i lives at slot P + offset(i) (offset(i) = i; with Emu3's line breaks r*(c
 end-of-line token at r*(cols+1)+cols), and the last slot is a trash slot for padding entries. The RoPE
 position of slot s is s - start[r], so left padding changes nothing. A query at slot q of row r sees the
 keys at slots k with start[r] <= k <= q (a padding query sees only itself). Hence:
-  * ragged batches: each row's entries are scattered into its own slots in one forward;
+  * ragged batches: each row's entries are written into its own slots in one forward;
   * rollback: feeding a sample from an earlier index overwrites its slots from there on; its stale
     entries further right are invisible (they lie after every query) until they are overwritten.
 The cache is not a transformers `Cache`: a plain object with the `update(k, v, layer_idx, **kw)` the
-attention layers call, scattering into [R, H_kv, L, Dh] buffers; a ready 4D additive mask passes
+attention layers call, index-copying whole Dh-vectors into [R, H_kv, L, Dh] buffers; a ready 4D additive mask passes
 transformers' `create_causal_mask` untouched. It grows when a step needs slots past its end (sjd feeds up to
 `window` indices past the last image index; their outputs are ignored).
 
@@ -92,9 +92,14 @@ class SlotCache:
             R, H = key_states.shape[:2]
             self.k[layer_idx] = key_states.new_zeros(R, H, self.length, key_states.shape[-1])
             self.v[layer_idx] = value_states.new_zeros(R, H, self.length, value_states.shape[-1])
-        idx = self.slots[:, None, :, None]
-        self.k[layer_idx].scatter_(2, idx.expand_as(key_states), key_states)
-        self.v[layer_idx].scatter_(2, idx.expand_as(value_states), value_states)
+        # whole Dh-vectors by index copy, as reference/gpt.py's KVCache, where a scatter indexed every element;
+        # padding entries share the trash slot L - 1, which no query sees, so which of them lands there is moot
+        cache_k, cache_v = self.k[layer_idx], self.v[layer_idx]
+        R, H, L, D = cache_k.shape
+        first = torch.arange(R * H, device=cache_k.device).view(R, H, 1) * L  # [R, H, 1]: slot 0's row
+        rows = (first + self.slots[:, None, :]).flatten()  # [R * H * S] in (r, h, s) order
+        cache_k.view(-1, D).index_copy_(0, rows, key_states.reshape(-1, D))
+        cache_v.view(-1, D).index_copy_(0, rows, value_states.reshape(-1, D))
         T = self.visible or self.length  # attention runs over these keys only (views, no copy)
         return self.k[layer_idx][:, :, :T], self.v[layer_idx][:, :, :T]
 

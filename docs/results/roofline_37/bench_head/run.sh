@@ -1,0 +1,22 @@
+#!/bin/bash
+# #37's before/after bench at 4ffbc74..8b1a0c3 (RoPE and the slice writes landed), on a quiet machine, from this
+# folder: e8a275e (before #37's step changes) against the checkout, and the checkout with
+# `--model reference:kv=bf16`, one round each, 3 repetitions in rotating order;
+# then summarize.py. The `before` code is installed apart and put first on the path:
+#   git worktree add /tmp/before e8a275e && .venv/bin/pip install --no-deps --target /tmp/before_site /tmp/before
+# The planner's choices: cal.sh (cal_*.txt), `ssdgen calibrate --batch-sizes 1,16,64,128` under the same three.
+SSDGEN=${SSDGEN:-../../../../.venv/bin/ssdgen}
+BEFORE_SITE=${BEFORE_SITE:-/tmp/before_site}
+ARGS="--decoders ar,sjd --batch-sizes 64,128 --n 128 --rounds 1 --quality-n 0 --fidelity-n 0"
+one() {  # version rep
+  case $1 in
+    before) PYTHONPATH=$BEFORE_SITE $SSDGEN bench $ARGS --json "$1_$2.json" > "$1_$2.log" 2>&1 ;;
+    after) $SSDGEN bench $ARGS --json "$1_$2.json" > "$1_$2.log" 2>&1 ;;
+    kv) $SSDGEN bench $ARGS --model reference:kv=bf16 --json "$1_$2.json" > "$1_$2.log" 2>&1 ;;
+  esac
+  echo "$(date +%T) $1 $2 rc=$? load $(cut -d' ' -f1-3 /proc/loadavg)" >> progress.log
+}
+for rep in 1 2 3; do
+  case $rep in 1) order="before after kv";; 2) order="after kv before";; 3) order="kv before after";; esac
+  for v in $order; do one $v "$rep"; done
+done

@@ -62,6 +62,10 @@ root, where = Path(sys.argv[1]).resolve(), Path(ssdgen.__file__).resolve()
 if root in where.parents:
     sys.exit(f"error: ssdgen imported from the checkout ({where}), not from the wheel")
 assert "cpu" in load_prices(), DEFAULT_PRICES
+import shutil
+from ssdgen.reference import decode_attention
+if shutil.which("cc") and decode_attention.loop() is None:  # the C source ships in the wheel and builds
+    sys.exit("error: decode attention's C loop did not build from the wheel")
 pq.write_table(pq.read_table(EXAMPLES_PARQUET).slice(0, 4), "prompts.parquet")
 print(f"ssdgen from {where.parent}; prices {DEFAULT_PRICES.name}; 4 example prompts")
 EOF

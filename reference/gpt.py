@@ -22,6 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import decode_attention
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -193,13 +195,16 @@ class Attention(nn.Module):
         q, k = apply_rope(qkv[:, :, :2], rot).permute(2, 0, 3, 1, 4)  # 2x [B,H,S,hd]
         v = qkv[:, :, 2].transpose(1, 2)  # [B,H,S,hd]
         if self.kv_cache is None:  # training / full recompute: plain causal attention
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
         else:
             k, v = self.kv_cache.update(slots, k, v)
-            T = mask.shape[-1]  # attend only up to the furthest position in use, not the whole cache
-            # a cache in another precision (reference:kv=bf16): attention runs in it, as a GPU's kernel would
-            y = F.scaled_dot_product_attention(q.to(k.dtype), k[:, :, :T], v[:, :, :T], attn_mask=mask).to(x.dtype)
-        y = y.transpose(1, 2).reshape(B, S, -1)
+            y = decode_attention.attention(q, k, v, mask)  # [B, S, H, hd]: fp32 steps on the CPU, else None
+            if y is None:
+                T = mask.shape[-1]  # attend only up to the furthest position in use, not the whole cache
+                # a cache in another precision (reference:kv=bf16): attention runs in it, as a GPU's kernel would
+                y = F.scaled_dot_product_attention(q.to(k.dtype), k[:, :, :T], v[:, :, :T], attn_mask=mask)
+                y = y.to(x.dtype).transpose(1, 2)
+        y = y.reshape(B, S, -1)
         return self.wo(y if ragged is None else ragged.pack(y))
 
 

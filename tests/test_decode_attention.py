@@ -1,0 +1,104 @@
+"""The C decode-attention loop (reference/decode_attention.c) against torch's SDPA, and its fallback.
+
+Outputs are compared with a float tolerance (the loop and SDPA sum in different orders); a row's independence
+from its batch-mates is compared exactly, on this machine, as the reproducibility rule needs."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ssdgen.reference import decode_attention as da
+
+pytestmark = pytest.mark.skipif(da.loop() is None, reason="no C compiler here: the loop falls back to SDPA")
+
+
+def _case(B, H, S, T, D, talloc=None, seed=0):
+    """q [B, H, S, D] (strided, as the model's permuted view is), caches [B, H, talloc, D], a causal mask [B, 1, S,
+    T] over per-row positions with one more slot masked out."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(B, S, 3, H, D, generator=g)
+    q = qkv[:, :, 0].transpose(1, 2)  # [B, H, S, D], not contiguous
+    talloc = talloc or T + 7
+    k, v = torch.randn(2, B, H, talloc, D, generator=g).unbind(0)
+    last = torch.randint(S - 1, T, (B, 1), generator=g)  # each row's last query position
+    pos = last - S + 1 + torch.arange(S)[None]
+    mask = (torch.arange(T)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
+    mask[..., 0] = False  # a hole: slots are excluded by the mask, not only by length
+    return q, k, v, mask
+
+
+def _sdpa(q, k, v, mask):
+    T = mask.shape[-1]
+    return F.scaled_dot_product_attention(q, k[:, :, :T], v[:, :, :T], attn_mask=mask).transpose(1, 2)
+
+
+@pytest.mark.parametrize("B,H,S,T,D", [(1, 1, 1, 1 + 1, 32), (3, 8, 1, 165, 32), (2, 8, 4, 40, 32),
+                                       (2, 4, 8, 33, 64), (2, 2, 16, 50, 16), (1, 3, 5, 19, 24)])
+def test_loop_matches_sdpa(B, H, S, T, D):
+    q, k, v, mask = _case(B, H, S, T, D)
+    out = da.attention(q, k, v, mask)
+    assert out is not None and out.shape == (B, S, H, D)
+    torch.testing.assert_close(out, _sdpa(q, k, v, mask), atol=2e-6, rtol=1e-5)
+
+
+def test_a_row_does_not_depend_on_its_batch_mates():
+    q, k, v, mask = _case(6, 8, 4, 70, 32, seed=3)
+    alone = da.attention(q[2:3], k[2:3], v[2:3], mask[2:3])
+    assert torch.equal(da.attention(q, k, v, mask)[2:3], alone)
+
+
+def test_a_query_with_every_slot_masked_gives_zeros():
+    q, k, v, mask = _case(2, 2, 2, 10, 32)
+    mask[1, :, 0] = False
+    out = da.attention(q, k, v, mask)
+    assert torch.equal(out[1, 0], torch.zeros_like(out[1, 0])) and out[1, 1].abs().sum() > 0
+
+
+def test_what_the_loop_does_not_take_goes_to_sdpa():
+    q, k, v, mask = _case(2, 2, 2, 10, 32)
+    assert da.attention(q.double(), k.double(), v.double(), mask) is None  # fp32 only
+    assert da.attention(q, k.bfloat16(), v.bfloat16(), mask) is None  # reference:kv=bf16 keeps SDPA
+    many = _case(1, 2, da.MAX_Q + 1, 40, 32)
+    assert da.attention(*many) is None  # a prefill's many queries
+    assert da.attention(q.to("meta"), k.to("meta"), v.to("meta"), mask.to("meta")) is None
+
+
+def test_without_a_compiler_attention_stays_sdpa(monkeypatch, caplog):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setattr(da, "_tried", False)
+    monkeypatch.setattr(da, "_lib", None)
+    with caplog.at_level("INFO", logger=da.__name__):
+        assert da.loop() is None
+    assert "SDPA" in caplog.text
+    q, k, v, mask = _case(2, 2, 1, 10, 32)
+    assert da.attention(q, k, v, mask) is None
+
+
+def _steps(m):
+    """A CFG batch of 2 through the model's cached passes: the prefill (SDPA: many queries), a plain-AR step, a
+    ragged window of 3 and a tree of 3 -> their conditional and unconditional logits."""
+    m.start(["a large red circle at the center on a flat gray background"] * 2, use_cfg=True)
+    outs = [m.step(torch.tensor([[1], [2]]), torch.tensor([[0], [0]]))]
+    outs.append(m.step(torch.tensor([[3, 1, 0], [2, 2, 0]]), torch.tensor([[1, 2, 3], [1, 2, 3]]),
+                       lengths=torch.tensor([3, 2])))
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool).expand(2, 3, 3)
+    outs.append(m.step(torch.tensor([[0, 1, 2], [3, 0, 1]]), torch.tensor([[3, 4, 4], [3, 4, 4]]), tree=tree))
+    return [x for o in outs for x in (o.cond, o.uncond)]
+
+
+def test_the_model_steps_match_sdpa(tmp_path, monkeypatch):
+    """The tiny reference model (fp32 on the CPU) through the loop and through SDPA: the same logits."""
+    from tiny import tiny_model
+    m = tiny_model(tmp_path / "t", scale=0.2)
+    taken, loop = [], da.attention
+
+    def counted(*a):
+        out = loop(*a)
+        taken.append(out is not None)
+        return out
+    monkeypatch.setattr(da, "attention", counted)
+    with_loop = _steps(m)
+    assert sum(taken) == 3 * m.gpt.cfg.n_layers  # the three steps through the loop, the prefill through SDPA
+    monkeypatch.setattr(da, "attention", lambda *a: None)
+    for a, b in zip(with_loop, _steps(m), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -3,12 +3,14 @@
 torch's SDPA kernel for the CPU reads a decode step's cache at about half the speed a plain read of it reaches; on
 this project's 2-core machines attention is two thirds of a batch-64 plain-AR step (docs/benchmarks.md, "The step
 at the roofline"). The C loop reads the keys once and the values once per (row, head), at about the plain read's
-speed. It is built at the first cached fp32 step on the CPU with the system's C compiler (`cc -O3 -march=native
+speed, for one query per row (plain AR); windows of several queries stay with SDPA, which was faster for them.
+
+It is built at the first cached fp32 step on the CPU with the system's C compiler (`cc -O3 -march=native
 -fopenmp`, under a second) into a private temporary folder, so the build always matches the CPU it runs on, and
 loaded with ctypes. Without a compiler, or when the build fails, attention stays SDPA, with one log line.
 
-`attention(q, k, v, mask)` returns None where the loop does not apply (not the CPU, not fp32, more than MAX_Q
-queries, no loop built): the caller then runs SDPA.
+`attention(q, k, v, mask)` returns None where the loop does not apply (not the CPU, not fp32, more than one query
+per row, no loop built): the caller then runs SDPA.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import torch
 
 log = logging.getLogger(__name__)
 
-MAX_Q, MAX_D = 16, 128  # as decode_attention.c: larger calls go to SDPA
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -56,8 +57,8 @@ def _build() -> ctypes.CDLL | None:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.decode_attention.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i64, i64,
-                                     ptr, i64, i64, i64, i64, i64, i64, i64, i64, ctypes.c_int]
+    lib.decode_attention.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, i64,
+                                     i64, i64, i64, i64, ctypes.c_int]
     lib.decode_attention.restype = None
     return lib
 
@@ -72,31 +73,35 @@ def loop() -> ctypes.CDLL | None:
     return _lib
 
 
-def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether the loop takes this call: fp32 on the CPU, at most MAX_Q queries per row."""
-    return (q.device.type == "cpu" and q.dtype == torch.float32 and k.dtype == torch.float32
-            and q.shape[2] <= MAX_Q and q.shape[3] <= MAX_D)
+def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Whether the loop takes this call: fp32 on the CPU, one query per row, contiguous caches (the model's), one
+    boolean mask for every head."""
+    return (q.device.type == "cpu" and q.dtype == torch.float32 and k.dtype == torch.float32 and q.shape[2] == 1
+            and q.stride(3) == 1 and k.is_contiguous() and v.is_contiguous() and mask.dtype == torch.bool
+            and mask.shape[1] == 1 and mask.stride(3) == 1)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
-    """q [B, H, S, hd]; k, v the caches [B, H, Talloc, hd]; mask [B, 1, S, T] bool (True: attend) -> [B, S, H, hd],
+    """q [B, H, 1, hd]; k, v the caches [B, H, Talloc, hd]; mask [B, 1, 1, T] bool (True: attend) -> [B, 1, H, hd],
     softmax(q k^T / sqrt(hd)) v over the slots t < T the mask allows; None where the loop does not apply."""
-    if not applies(q, k):
+    if not applies(q, k, v, mask):
         return None
-    lib = loop()
+    lib = _lib if _tried else loop()
     if lib is None:
         return None
-    B, H, S, D = q.shape
-    T = mask.shape[-1]
-    if q.stride(3) != 1:
-        q = q.contiguous()
-    k, v = (x if x.stride(3) == 1 and x.stride(2) == D else x.contiguous() for x in (k, v))
-    if mask.stride(3) != 1 or mask.dtype != torch.bool:
-        mask = mask.to(torch.bool).contiguous()
-    out = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)
-    lib.decode_attention(q.data_ptr(), q.stride(0), q.stride(1), q.stride(2),
-                         k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                         mask.data_ptr(), mask.stride(0), mask.stride(2),
-                         out.data_ptr(), out.stride(0), out.stride(2), out.stride(1),
-                         B, H, S, T, D, torch.get_num_threads())
+    B, H, _, D = q.shape
+    out = q.new_empty(B, 1, H, D)
+    if getattr(torch.autograd.profiler, "_is_profiler_enabled", True):  # a profile sees the C call by this name
+        with torch.profiler.record_function("ssdgen::decode_attention"):
+            _call(lib, q, k, v, mask, out)
+    else:  # the label costs ~7 us, a fifth of a batch-1 step's attention per layer
+        _call(lib, q, k, v, mask, out)
     return out
+
+
+def _call(lib: ctypes.CDLL, q, k, v, mask, out) -> None:
+    B, H, _, D = q.shape
+    lib.decode_attention(q.data_ptr(), q.stride(0), q.stride(1),
+                         k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                         mask.data_ptr(), mask.stride(0), out.data_ptr(), out.stride(0), out.stride(2),
+                         B, H, mask.shape[-1], D, torch.get_num_threads())

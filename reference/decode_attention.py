@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -36,8 +37,8 @@ _lock = threading.Lock()
 
 def _build() -> ctypes.CDLL | None:
     """Compile and load the loop; None, with one log line, when it cannot be."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
+    cc = shlex.split(os.environ.get("CC", "")) or [c for c in (shutil.which("cc") or shutil.which("gcc"),) if c]
+    if not cc:
         log.info("no C compiler found: decode attention uses torch's SDPA (slower on the CPU)")
         return None
     src = resources.files(__package__).joinpath("decode_attention.c")
@@ -45,7 +46,7 @@ def _build() -> ctypes.CDLL | None:
     try:
         so = os.path.join(folder, "decode_attention.so")
         with resources.as_file(src) as path:
-            done = subprocess.run([cc, *_FLAGS, "-o", so, str(path), "-lm"], capture_output=True, text=True,
+            done = subprocess.run([*cc, *_FLAGS, "-o", so, str(path), "-lm"], capture_output=True, text=True,
                                   timeout=120)
         if done.returncode != 0:
             log.info("decode attention's C loop did not build (%s): torch's SDPA instead", done.stderr.strip()[-300:])

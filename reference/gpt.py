@@ -198,7 +198,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
         else:
             k, v = self.kv_cache.update(slots, k, v)
-            y = decode_attention.attention(q, k, v, mask)  # [B, S, H, hd]: fp32 steps on the CPU, else None
+            y = decode_attention.attention(q, k, v, mask)  # [B, 1, H, hd]: plain-AR fp32 steps on the CPU
             if y is None:
                 T = mask.shape[-1]  # attend only up to the furthest position in use, not the whole cache
                 # a cache in another precision (reference:kv=bf16): attention runs in it, as a GPU's kernel would

@@ -6,8 +6,8 @@
  * the softmax's exp fused in, and prefetches the values during the key pass and the next (row, head)'s keys during
  * the value pass, so the memory stream does not stall between the passes. It reads at a plain read's speed.
  *
- * Windows of 2 or more queries stay with SDPA: a version of this loop for them measured slower than SDPA (exp and
- * the per-query sums cost more than the bytes saved; docs/benchmarks.md).
+ * Windows of 2 or more queries stay with SDPA: versions of this loop for them measured slower than SDPA from 4
+ * queries per row on (docs/benchmarks.md; docs/results/roofline_37/c_loop/windows_attempt.c).
  *
  * Same result as SDPA with a boolean mask up to float rounding: scale 1/sqrt(D), masked slots excluded. A query with
  * every slot masked gives zeros (the model never asks for one). Each (row, head) is computed by one thread in a fixed
@@ -85,9 +85,10 @@ void decode_attention(const float* q, int64_t qb, int64_t qh, const float* k, co
   const Args a = {q, qb, qh, k, v, kb, kh, vb, vh, mask, mb, out, ob, oh, B, H, T};
 #pragma omp parallel num_threads(nthreads)
   {
-    float* sc = malloc(sizeof(float) * (size_t)T);
+    float* sc = malloc(sizeof(float) * (size_t)T);  /* a few KB; NULL only when the process is out of memory */
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < B * H; ++i) {
+      if (sc == NULL) __builtin_trap();  /* stop loudly rather than write through a null pointer */
       if (D == 32) attend(&a, i, sc, 32);
       else if (D == 64) attend(&a, i, sc, 64);
       else if (D == 128) attend(&a, i, sc, 128);

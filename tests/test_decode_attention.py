@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ssdgen.reference import decode_attention as da
 
-pytestmark = pytest.mark.skipif(da.loop() is None, reason="no C compiler here: the loop falls back to SDPA")
+needs_loop = pytest.mark.skipif(da.loop() is None, reason="no C compiler here: the loop falls back to SDPA")
 
 
 def _case(B, H, S, T, D, talloc=None, seed=0):
@@ -32,6 +32,7 @@ def _sdpa(q, k, v, mask):
     return F.scaled_dot_product_attention(q, k[:, :, :T], v[:, :, :T], attn_mask=mask).transpose(1, 2)
 
 
+@needs_loop
 @pytest.mark.parametrize("B,H,T,D", [(1, 1, 2, 32), (3, 8, 165, 32), (2, 4, 33, 64), (2, 2, 50, 128),
                                      (1, 3, 19, 24)])
 def test_loop_matches_sdpa(B, H, T, D):
@@ -41,12 +42,14 @@ def test_loop_matches_sdpa(B, H, T, D):
     torch.testing.assert_close(out, _sdpa(q, k, v, mask), atol=2e-6, rtol=1e-5)
 
 
+@needs_loop
 def test_a_row_does_not_depend_on_its_batch_mates():
     q, k, v, mask = _case(6, 8, 1, 70, 32, seed=3)
     alone = da.attention(q[2:3], k[2:3], v[2:3], mask[2:3])
     assert torch.equal(da.attention(q, k, v, mask)[2:3], alone)
 
 
+@needs_loop
 def test_a_query_with_every_slot_masked_gives_zeros():
     q, k, v, mask = _case(2, 2, 1, 10, 32)
     mask[1] = False
@@ -54,6 +57,7 @@ def test_a_query_with_every_slot_masked_gives_zeros():
     assert torch.equal(out[1], torch.zeros_like(out[1])) and out[0].abs().sum() > 0
 
 
+@needs_loop
 def test_what_the_loop_does_not_take_goes_to_sdpa():
     q, k, v, mask = _case(2, 2, 1, 10, 32)
     assert da.attention(q.double(), k.double(), v.double(), mask) is None  # fp32 only
@@ -68,7 +72,7 @@ def test_without_a_compiler_attention_stays_sdpa(monkeypatch, caplog):
     monkeypatch.setenv("CC", "/nonexistent/cc")
     monkeypatch.setattr(da, "_tried", False)
     monkeypatch.setattr(da, "_lib", None)
-    with caplog.at_level("INFO", logger=da.__name__):
+    with caplog.at_level("WARNING", logger=da.__name__):
         assert da.loop() is None
     assert "SDPA" in caplog.text
     q, k, v, mask = _case(2, 2, 1, 10, 32)
@@ -88,6 +92,7 @@ def _steps(m):
     return [x for o in outs for x in (o.cond, o.uncond)]
 
 
+@needs_loop
 def test_the_model_steps_match_sdpa(tmp_path, monkeypatch):
     """The tiny reference model (fp32 on the CPU) through the loop and through SDPA: the same logits."""
     from tiny import tiny_model
@@ -106,6 +111,7 @@ def test_the_model_steps_match_sdpa(tmp_path, monkeypatch):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+@needs_loop
 def test_a_profile_names_the_loop():
     """torch.profiler cannot look into the C call: it is labelled, so `ssdgen dev roofline --profile` shows it."""
     from torch.profiler import ProfilerActivity, profile

@@ -10,6 +10,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ssdgen.bench.roofline import _times
 from ssdgen.reference import decode_attention as da
 
 torch.set_num_threads(2)
@@ -18,13 +19,8 @@ assert da.loop() is not None, "no C compiler: the loop is not built"
 
 
 def best_ms(fn, n=10):
-    fn()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return 1e3 * min(ts)
+    """The fastest of n calls after one warm-up, in ms (bench/roofline.py's timer)."""
+    return 1e3 * min(_times(fn, n))
 
 
 def case(rows, layers):

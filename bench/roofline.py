@@ -31,7 +31,10 @@ import torch.nn.functional as F
 
 from ssdgen.bench.host_time import conditions
 
-MID_IMAGE = 128  # the image token the timed step is at: the cache holds the caption and 128 image tokens
+def mid_image(gpt) -> int:
+    """The image token the timed step is at: half the grid (128 of v2's 256, 512 of v3's 1,024), so the cache
+    holds the caption and half the image, a run's average."""
+    return gpt.cfg.n_image_tokens // 2
 
 
 def _times(fn, repeats: int) -> list[float]:
@@ -70,10 +73,10 @@ def matmul_time(gpt, tokens: int, repeats: int) -> tuple[float, float]:
 
 
 def step_shapes(gpt, rows: int, window: int, kv_item: int | None = None) -> dict:
-    """What a step of `window` tokens per row at MID_IMAGE moves and computes (bytes, FLOPs); kv_item: the
+    """What a step of `window` tokens per row at mid_image moves and computes (bytes, FLOPs); kv_item: the
     cache's bytes per value (None: the weights')."""
     g = gpt.cfg
-    T = g.caption_len + MID_IMAGE + window  # slots attended to by the window's last token
+    T = g.caption_len + mid_image(gpt) + window  # slots attended to by the window's last token
     hd, item = g.dim // g.n_heads, next(gpt.parameters()).element_size()
     kv = g.n_layers * 2 * rows * g.n_heads * T * hd * (kv_item or item)
     weights = sum(w.numel() for w in _linears(gpt)) * item
@@ -84,13 +87,13 @@ def step_shapes(gpt, rows: int, window: int, kv_item: int | None = None) -> dict
 @contextmanager
 def mid_image_step(model, batch: int, window: int):
     """A batch set up as a run's is (`model.start` on eval captions, CFG: 2 x batch rows; the caches hold the
-    captions, and the image slots up to MID_IMAGE are in use) -> a call that runs one `model.step` of `window`
-    random tokens per sample at MID_IMAGE. The caches are freed after."""
+    captions, and the image slots up to mid_image are in use) -> a call that runs one `model.step` of `window`
+    random tokens per sample at mid_image. The caches are freed after."""
     from ssdgen.reference.prompts import eval_prompts
     captions = [r["prompt"] for r in eval_prompts()]
     model.start([captions[i % len(captions)] for i in range(batch)], use_cfg=True)
     tokens = torch.randint(0, model.n_codes, (batch, window), device=model.device)
-    index = (MID_IMAGE + torch.arange(window, device=model.device)).expand(batch, window)
+    index = (mid_image(model.gpt) + torch.arange(window, device=model.device)).expand(batch, window)
     try:
         yield lambda: model.step(tokens, index)
     finally:
@@ -98,7 +101,7 @@ def mid_image_step(model, batch: int, window: int):
 
 
 def step_time(model, batch: int, window: int, repeats: int) -> list[float]:
-    """Seconds per `model.step` of `window` tokens for `batch` samples at MID_IMAGE."""
+    """Seconds per `model.step` of `window` tokens for `batch` samples at mid_image."""
     with mid_image_step(model, batch, window) as step:
         return _times(step, repeats)
 
@@ -141,7 +144,7 @@ def run(model, batches: list[int], windows: list[int], repeats: int) -> dict:
             rows.append(r)
             print(format_row(r), flush=True)
     return {"what": "the reference model's step against the roof (bench/roofline.py)", "model": model.name,
-            "dtype": str(model.dtype), "kv_dtype": model.capabilities.kv_dtype, "position": MID_IMAGE,
+            "dtype": str(model.dtype), "kv_dtype": model.capabilities.kv_dtype, "position": mid_image(model.gpt),
             "read_gb_per_s": bw / 1e9, "repeats": repeats, "conditions": conditions(), "rows": rows}
 
 

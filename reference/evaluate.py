@@ -36,12 +36,12 @@ def real_scene(prompt: str, seed: int) -> Scene:
     return replace(spec, objects=objs, texture_seed=int(rng.integers(2**31)))
 
 
-def real_images(prompts: list[str], seeds: list[int]) -> np.ndarray:
-    return np.stack([render(real_scene(p, s)) for p, s in zip(prompts, seeds)])
+def real_images(prompts: list[str], seeds: list[int], size: int = 64) -> np.ndarray:
+    return np.stack([render(real_scene(p, s), size=size) for p, s in zip(prompts, seeds)])
 
 
 def generate(model, prompts: list[str], seeds: list[int], dec: Decoder, batch_size: int, desc: str = "decode"):
-    """Decode prompts in batches with a decoder built once (`decoders.build`) -> (uint8 images [N, 64, 64, 3],
+    """Decode prompts in batches with a decoder built once (`decoders.build`) -> (uint8 images [N, px, px, 3],
     per-sample stats, seconds)."""
     images, stats = [], []
     t0 = time.perf_counter()
@@ -63,8 +63,9 @@ def evaluate(model, spec: DecodeSpec = DecodeSpec(), n: int = 1024, batch_size: 
     images, stats, seconds = generate(model, prompts, seeds, dec, batch_size)
     net = load_scorer()
     report = score(net, images, prompts)
-    real = real_images(prompts, [r["seed"] for r in rows])
-    held_out = real_images(prompts, [r["seed"] + 500_000 for r in rows])
+    size = images.shape[1]  # real renders at the model's own resolution; the scorer sees all at 64 pixels
+    real = real_images(prompts, [r["seed"] for r in rows], size)
+    held_out = real_images(prompts, [r["seed"] + 500_000 for r in rows], size)
     f_real = predict(net, real)["features"]
     fd = frechet_distance(predict(net, images)["features"], f_real)
     fd_floor = frechet_distance(predict(net, held_out)["features"], f_real)

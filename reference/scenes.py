@@ -1,4 +1,4 @@
-"""The "scenes" reference domain: a procedural renderer of captioned 64x64 scenes.
+"""The "scenes" reference domain: a procedural renderer of captioned scenes, 64x64 (v1, v2) or 128x128 (v3).
 
 Each scene holds 1-3 objects (shape, colour, size, fill) in distinct cells of a 3x3 grid, jittered inside
 the cell, over a named background. Rendering is deterministic from the scene (which carries its own
@@ -8,16 +8,22 @@ The domain is built to behave like natural images for speculative decoding: anti
 from a signed distance), soft shading, backgrounds from smooth (flat, gradient) to detailed and spatially
 correlated (clouds, waves, wood grain, stripes, checker, at random orientations), plus fine i.i.d. noise.
 That makes many tokens both uncertain and dependent on their neighbours in both directions.
+
+Geometry lives in units of a 64-pixel canvas (`SIZE`): sizes, jitter, periods and textures are the same
+scene at any resolution. A render at `size` pixels samples that canvas at its own pixel centres; only what is
+a property of the pixel grid stays in pixels: the one-pixel anti-aliased edge and the i.i.d. noise per pixel.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-SIZE = 64  # pixels per side
+SIZE = 64  # the canvas's side: every geometric constant below is in these units
+RESOLUTIONS = (64, 128)  # pixels per side a render may have (v3 draws at 128: a 32x32 token grid)
 GRID = 3  # objects live in a 3x3 grid of cells
 
 SHAPES = ("circle", "square", "triangle", "diamond")
@@ -29,7 +35,7 @@ COLOURS = {
     "blue": (0.14, 0.32, 0.94),
     "purple": (0.58, 0.20, 0.80),
 }
-SIZES = {"small": 5.0, "large": 8.5}  # "radius" in pixels
+SIZES = {"small": 5.0, "large": 8.5}  # "radius" in canvas units
 FILLS = ("plain", "striped", "dotted", "shaded")
 POSITIONS = (
     "top left", "top middle", "top right",
@@ -45,7 +51,7 @@ BG_COLOURS = {
     "slate": (0.26, 0.31, 0.38),
     "brown": (0.45, 0.33, 0.22),
 }
-JITTER = 2.5  # max offset of an object's centre inside its cell, pixels
+JITTER = 2.5  # max offset of an object's centre inside its cell, canvas units
 NOISE_STD = 0.015  # fine i.i.d. pixel noise
 
 
@@ -107,7 +113,13 @@ def sample_scene(rng: np.random.Generator, n_objects: int | None = None) -> Scen
 
 # --------------------------------------------------------------------------- geometry
 
-_YY, _XX = np.mgrid[0:SIZE, 0:SIZE].astype(np.float32) + 0.5  # pixel centres, [64, 64]
+@functools.lru_cache(maxsize=4)
+def _pixel_centres(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(yy, xx) [size, size]: the pixel centres of a size-pixel render, in canvas units."""
+    if size not in RESOLUTIONS:
+        raise ValueError(f"render size must be one of {RESOLUTIONS}, got {size}")
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5
+    return yy * (SIZE / size), xx * (SIZE / size)
 
 
 def cell_centre(cell: int) -> tuple[float, float]:
@@ -139,53 +151,54 @@ def _sdf(shape: str, x: np.ndarray, y: np.ndarray, r: float) -> np.ndarray:
     raise ValueError(f"unknown shape {shape!r}")
 
 
-def _value_noise(rng: np.random.Generator, cells: int) -> np.ndarray:
-    """Smooth noise in [0, 1]: a random cells x cells lattice, bicubically-smooth interpolated to 64x64."""
+def _value_noise(rng: np.random.Generator, cells: int, size: int) -> np.ndarray:
+    """Smooth noise in [0, 1]: a random cells x cells lattice, bicubically-smooth interpolated to size x size."""
     lat = rng.random((cells + 3, cells + 3)).astype(np.float32)
-    t = (np.arange(SIZE, dtype=np.float32) + 0.5) / SIZE * cells + 1.0
+    t = (np.arange(size, dtype=np.float32) + 0.5) / size * cells + 1.0
     i = np.floor(t).astype(int)
     f = t - i
     f = f * f * (3 - 2 * f)  # smoothstep
-    rows = lat[i] * (1 - f)[:, None] + lat[i + 1] * f[:, None]  # [64, cells+3]
+    rows = lat[i] * (1 - f)[:, None] + lat[i + 1] * f[:, None]  # [size, cells+3]
     return rows[:, i] * (1 - f)[None, :] + rows[:, i + 1] * f[None, :]
 
 
-def _clouds(rng: np.random.Generator) -> np.ndarray:
-    out = 0.55 * _value_noise(rng, 3) + 0.3 * _value_noise(rng, 6) + 0.15 * _value_noise(rng, 12)
+def _clouds(rng: np.random.Generator, size: int) -> np.ndarray:
+    out = 0.55 * _value_noise(rng, 3, size) + 0.3 * _value_noise(rng, 6, size) + 0.15 * _value_noise(rng, 12, size)
     return (out - out.mean()) / (out.std() + 1e-6)
 
 
-def _background(scene: Scene, rng: np.random.Generator) -> np.ndarray:
-    """[64, 64, 3] float background."""
+def _background(scene: Scene, rng: np.random.Generator, size: int) -> np.ndarray:
+    """[size, size, 3] float background."""
+    yy, xx = _pixel_centres(size)
     base = np.array(BG_COLOURS[scene.bg_colour], np.float32)
     theta = rng.uniform(0, math.pi)
-    u = _XX * math.cos(theta) + _YY * math.sin(theta)  # coordinate along a random direction
+    u = xx * math.cos(theta) + yy * math.sin(theta)  # coordinate along a random direction
     kind = scene.background
     if kind == "flat":
-        t = np.zeros_like(_XX)
+        t = np.zeros_like(xx)
     elif kind == "gradient":
         t = (u - u.mean()) / SIZE * 2.2
     elif kind == "cloudy":
-        t = _clouds(rng) * 0.55
+        t = _clouds(rng, size) * 0.55
     elif kind == "wavy":
         period = rng.uniform(9, 16)
-        warp = _value_noise(rng, 3) * rng.uniform(3, 6)
+        warp = _value_noise(rng, 3, size) * rng.uniform(3, 6)
         t = 0.8 * np.sin(2 * math.pi * (u + warp) / period)
     elif kind == "wooden":
         cx, cy = rng.uniform(-80, 140, size=2)
-        dist = np.sqrt((_XX - cx) ** 2 + (_YY - cy) ** 2) + _value_noise(rng, 4) * 6
+        dist = np.sqrt((xx - cx) ** 2 + (yy - cy) ** 2) + _value_noise(rng, 4, size) * 6
         ring = np.sin(2 * math.pi * dist / rng.uniform(4.5, 7.0))
-        t = 0.7 * np.sign(ring) * np.abs(ring) ** 0.5 + 0.3 * (_value_noise(rng, 8) - 0.5)
+        t = 0.7 * np.sign(ring) * np.abs(ring) ** 0.5 + 0.3 * (_value_noise(rng, 8, size) - 0.5)
     elif kind == "striped":
         theta = rng.choice([0.0, math.pi / 4, math.pi / 2, 3 * math.pi / 4])
-        u = _XX * math.cos(theta) + _YY * math.sin(theta)
+        u = xx * math.cos(theta) + yy * math.sin(theta)
         period = rng.uniform(6, 11)
         t = np.clip(np.sin(2 * math.pi * u / period + rng.uniform(0, 6.3)) * 3, -1, 1) * 0.75
     elif kind == "checkered":
         sq = rng.uniform(6, 11)
         ox, oy = rng.uniform(0, sq, size=2)
-        cx = np.sin(math.pi * (_XX + ox) / sq)
-        cy = np.sin(math.pi * (_YY + oy) / sq)
+        cx = np.sin(math.pi * (xx + ox) / sq)
+        cy = np.sin(math.pi * (yy + oy) / sq)
         t = np.clip(cx * cy * 4, -1, 1) * 0.75
     else:
         raise ValueError(f"unknown background {kind!r}")
@@ -195,7 +208,8 @@ def _background(scene: Scene, rng: np.random.Generator) -> np.ndarray:
 
 
 def _fill(obj: SceneObject, x: np.ndarray, y: np.ndarray, r: float, rng: np.random.Generator) -> np.ndarray:
-    """[64, 64, 3] colour field of an object (before coverage masking), coordinates relative to centre."""
+    """[size, size, 3] colour field of an object (before coverage masking), canvas coordinates relative to its
+    centre."""
     col = np.array(COLOURS[obj.colour], np.float32)
     # soft shading on every object: light from the top left
     light = 1.0 - 0.10 * np.clip((x + y) / (2 * r), -1, 1)
@@ -218,19 +232,21 @@ def _fill(obj: SceneObject, x: np.ndarray, y: np.ndarray, r: float, rng: np.rand
     return out
 
 
-def render(scene: Scene, with_mask: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-    """Render a scene to a [64, 64, 3] uint8 image, deterministically from the scene.
+def render(scene: Scene, with_mask: bool = False, size: int = SIZE) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Render a scene to a [size, size, 3] uint8 image, deterministically from the scene and size.
 
-    with_mask also returns the objects' coverage [64, 64] uint8 (0..255), for foreground-weighted losses."""
+    with_mask also returns the objects' coverage [size, size] uint8 (0..255), for foreground-weighted losses."""
     rng = np.random.default_rng(scene.texture_seed)
-    img = _background(scene, rng)
-    mask = np.zeros((SIZE, SIZE), np.float32)
+    img = _background(scene, rng, size)
+    yy, xx = _pixel_centres(size)
+    px = size / SIZE  # pixels per canvas unit: the anti-aliased edge is one pixel wide at any size
+    mask = np.zeros((size, size), np.float32)
     for obj in scene.objects:
         cx, cy = cell_centre(obj.cell)
-        x, y = _XX - (cx + obj.dx), _YY - (cy + obj.dy)
+        x, y = xx - (cx + obj.dx), yy - (cy + obj.dy)
         r = SIZES[obj.size]
         d = _sdf(obj.shape, x, y, r)
-        cover = np.clip(0.5 - d, 0.0, 1.0)[..., None]  # anti-aliased coverage
+        cover = np.clip(0.5 - d * px, 0.0, 1.0)[..., None]  # anti-aliased coverage
         # a faint soft shadow below-right gives depth and smooth, context-dependent tokens
         sd = _sdf(obj.shape, x - 1.2, y - 1.5, r)
         shadow = np.clip(0.5 - sd / 2.0, 0.0, 1.0)[..., None] * 0.25

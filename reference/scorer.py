@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from . import captions as cap
-from .scenes import BACKGROUNDS, BG_COLOURS, COLOURS, FILLS, GRID, SHAPES, SIZES, Scene
+from .scenes import BACKGROUNDS, BG_COLOURS, COLOURS, FILLS, GRID, SHAPES, SIZE, SIZES, Scene
 
 HEADS = {"present": 2, "shape": len(SHAPES), "colour": len(COLOURS), "size": len(SIZES), "fill": len(FILLS)}
 N_CELLS = GRID * GRID
@@ -149,9 +149,22 @@ class Judgement:
     extras: int  # objects found in cells the caption does not name
 
 
+def at_scorer_size(images: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, s, s, 3] with s = 64 * k -> uint8 [N, 64, 64, 3] by k x k area averages: the scorer judges v3's
+    128-pixel images on the 64-pixel canvas it was trained on (its accuracy on downsampled real 128-pixel renders
+    is in docs/reference-model.md)."""
+    side = images.shape[1]
+    if side == SIZE:
+        return images
+    if side % SIZE or images.shape[2] != side:
+        raise ValueError(f"the scorer takes square images of 64 * k pixels, got {tuple(images.shape[1:3])}")
+    x = F.avg_pool2d(images.permute(0, 3, 1, 2).float(), side // SIZE)
+    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+
 @torch.no_grad()
 def predict(net: SceneNet, images: np.ndarray | torch.Tensor, batch: int = 256) -> dict[str, np.ndarray]:
-    images = torch.as_tensor(images)
+    images = at_scorer_size(torch.as_tensor(images))
     outs = [net(images[i:i + batch]) for i in range(0, len(images), batch)]
     pred = {k: torch.cat([o[k] for o in outs]).argmax(-1).numpy() for k in list(HEADS) + ["bg_kind", "bg_colour"]}
     pred["features"] = torch.cat([o["features"] for o in outs]).numpy()

@@ -3,6 +3,8 @@
 Stages, each deterministic from the seed: render a training set of scenes (eval captions held out), train
 the VQ-VAE (or take one from an existing bundle), tokenize the set once, then train the AR transformer
 (reference/train_gpt.py) with checkpoints in a work folder, so the run can be spread over sittings.
+`PRESETS` names each shipped model's settings: v2 (64-pixel renders, 16x16 tokens, from scratch) and v3
+(128-pixel renders, 32x32 tokens, warm-started from v2's transformer and tokenizer).
 Weights are written as safetensors with a JSON config and a SHA-256 manifest that loading checks.
 """
 
@@ -12,7 +14,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +32,10 @@ from ssdgen.reference.model import ReferenceModel
 from .prompts import eval_prompts
 from .scorer import load_scorer, score
 from .train_data import build_dataset, cached_tokenized_set
+from .gpt import GPTConfig
 from .train_gpt import GPTTrainConfig, cosine_lr, train_gpt
 from .vqvae import VQVAE, VQConfig
-from .weights import load_bundle, save_bundle, sha256
+from .weights import BUNDLE_NAME, load_bundle, save_bundle, sha256
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,25 @@ class TrainConfig:
     vq_fg_weight: float = 6.0  # extra loss weight on object pixels
     vq_lr: float = 2e-3
     curve_prompts: int = 256  # eval prompts per learning-curve point
+    name: str = BUNDLE_NAME  # the bundle's name, which the model is known by
+    image_size: int = 64  # pixels per side of the renders; the VQ-VAE makes image_size / 4 tokens per side
     vq: VQConfig = VQConfig()
     gpt: GPTTrainConfig = field(default_factory=GPTTrainConfig)
+
+    def __post_init__(self):
+        if self.image_size != 4 * self.gpt.gpt.grid:
+            raise ValueError(f"{self.image_size}-pixel renders make a {self.image_size // 4}x{self.image_size // 4} "
+                             f"token grid, but the transformer's grid is {self.gpt.gpt.grid}")
+
+
+# v3: the same transformer shape as v2 (its weights carry over; docs/reference-model.md says why this shape),
+# on 32x32 tokens; half of v2's samples, at a lower peak rate, since it starts from v2
+PRESETS = {
+    "v2": TrainConfig(),
+    "v3": TrainConfig(name="scenes-reference-v3", image_size=128, gpt=GPTTrainConfig(
+        steps=2000, batch=32, lr=1e-3, warmup=100, precision="bf16",
+        gpt=GPTConfig(grid=32, dim=256, n_layers=6, n_heads=8, mlp_hidden=688))),
+}
 
 
 def train_vq(images: np.ndarray, masks: np.ndarray, tc: TrainConfig) -> VQVAE:
@@ -62,7 +82,7 @@ def train_vq(images: np.ndarray, masks: np.ndarray, tc: TrainConfig) -> VQVAE:
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, tc.vq_steps, tc.vq_lr, 50)
         idx = torch.randint(0, len(data), (tc.vq_batch,), generator=gen)
-        ox, oy = (torch.randint(0, (64 - tc.vq_crop) // 4 + 1, (2,), generator=gen) * 4).tolist()
+        ox, oy = (torch.randint(0, (tc.image_size - tc.vq_crop) // 4 + 1, (2,), generator=gen) * 4).tolist()
         crop = (idx, slice(oy, oy + tc.vq_crop), slice(ox, ox + tc.vq_crop))
         x = VQVAE.to_input(data[crop])
         w = 1.0 + tc.vq_fg_weight * fg[crop].float().unsqueeze(1) / 255  # [B, 1, crop, crop]
@@ -104,30 +124,41 @@ def _vq_stage(work: Path, tc: TrainConfig, vq_from: Path | None, device: torch.d
         if vq_from is not None:  # an existing bundle's tokenizer, e.g. to retrain only the AR model
             shutil.copyfile(load_bundle(vq_from).path / "vq.safetensors", path)
         else:
-            images, masks, _ = build_dataset(tc.n_images, tc.seed)
+            images, masks, _ = build_dataset(tc.n_images, tc.seed, size=tc.image_size)
             save_file({k: v.contiguous() for k, v in train_vq(images, masks, tc).state_dict().items()}, path)
     vq = VQVAE(tc.vq)
     vq.load_state_dict(load_file(path), strict=True)
     return vq.to(device).eval().requires_grad_(False), {"vq_s": time.time() - t, "vq_from": str(vq_from or "")}
 
 
+def _warm_source(tc: TrainConfig, warm_from: Path | None) -> tuple[TrainConfig, dict | None]:
+    """The settings with the warm-start source's SHA-256 recorded, and its transformer's tensors."""
+    if warm_from is None:
+        return tc, None
+    bundle = load_bundle(warm_from)
+    digest = bundle.checksums["gpt.safetensors"]
+    return replace(tc, gpt=replace(tc.gpt, warm_from=digest)), bundle.gpt.state_dict()
+
+
 def train_reference(out_dir: Path, tc: TrainConfig = TrainConfig(), work: Path = Path("runs/train-reference"),
                     resume: bool = False, device: str = "cpu", vq_from: Path | None = None,
-                    until_step: int | None = None) -> dict:
+                    until_step: int | None = None, warm_from: Path | None = None) -> dict:
     """Run (or continue) all stages; writes the bundle to out_dir once the AR model's last step is done.
-    Returns the summary: settings, per-stage seconds (summed over sittings), the learning curve."""
+    Returns the summary: settings, per-stage seconds (summed over sittings), the learning curve.
+    warm_from: a bundle whose transformer the AR model starts from (train_gpt.warm_state)."""
     dev = torch.device(device)
+    tc, warm = _warm_source(tc, warm_from)
     work.mkdir(parents=True, exist_ok=True)
     timing_path = work / "timing.json"
     timing = json.loads(timing_path.read_text()) if resume and timing_path.exists() else {}
     vq, t = _vq_stage(work, tc, vq_from, dev)
     timing.setdefault("vq", t)
     t0 = time.time()
-    data = cached_tokenized_set(work, tc.n_images, tc.seed, vq, sha256(work / "vq.safetensors"))
+    data = cached_tokenized_set(work, tc.n_images, tc.seed, vq, sha256(work / "vq.safetensors"), tc.image_size)
     timing.setdefault("data_s", time.time() - t0)
     timing_path.write_text(json.dumps(timing, indent=1))
     evaluate = (lambda g: curve_point(g, vq, tc.curve_prompts)) if tc.curve_prompts else None
-    gpt, state = train_gpt(data, tc.gpt, work, resume, dev, until_step, evaluate)
+    gpt, state = train_gpt(data, tc.gpt, work, resume, dev, until_step, evaluate, warm)
     timing |= {"gpt_s": state["train_seconds"], "gpt_cpu_s": state["cpu_seconds"]}
     summary = {"train_config": asdict(tc), "timing": timing,
                "steps_done": state["step"], "curve": state["curve"], "torch_threads": torch.get_num_threads(),
@@ -137,5 +168,5 @@ def train_reference(out_dir: Path, tc: TrainConfig = TrainConfig(), work: Path =
     if state["curve"]:
         learning_curve_plot(state["curve"], work / "learning_curve.png")
     if state["step"] >= tc.gpt.steps:
-        save_bundle(out_dir, vq.cpu(), gpt.cpu(), summary)
+        save_bundle(out_dir, vq.cpu(), gpt.cpu(), summary, tc.name)
     return summary

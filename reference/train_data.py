@@ -1,8 +1,9 @@
 """The training set: rendered scenes (eval captions held out), tokenized once, cached as safetensors.
 
-A sample is its caption ids [36], its image codes [256] and the object coverage of each code's 4x4 patch
-[256] (0..255), which weights the AR model's loss towards the tokens that carry the caption's meaning.
-Rendering and tokenizing are deterministic from (n, seed, VQ weights), which name the cache file.
+A sample is its caption ids [36], its image codes [g*g] and the object coverage of each code's 4x4 patch
+[g*g] (0..255), which weights the AR model's loss towards the tokens that carry the caption's meaning; g is
+16 for 64-pixel renders (v1, v2) and 32 for 128-pixel ones (v3).
+Rendering and tokenizing are deterministic from (n, seed, size, VQ weights), which name the cache file.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from .scenes import render, sample_scene
 from .vqvae import VQVAE
 
 
-def _render_chunk(args: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    seed, start, count = args
+def _render_chunk(args: tuple[int, int, int, int]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    seed, start, count, size = args
     held_out = eval_captions()
     imgs, masks, caps = [], [], []
     rng = np.random.default_rng([seed, start])
@@ -32,18 +33,18 @@ def _render_chunk(args: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray, l
         scene = sample_scene(rng)
         if scene.caption in held_out:
             continue
-        img, mask = render(scene, with_mask=True)
+        img, mask = render(scene, with_mask=True, size=size)
         imgs.append(img)
         masks.append(mask)
         caps.append(scene.caption)
     return np.stack(imgs), np.stack(masks), caps
 
 
-def build_dataset(n: int, seed: int, workers: int = 2) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Render n training scenes -> (uint8 images [n, 64, 64, 3], object masks [n, 64, 64], captions).
-    Chunks are seeded, so the result does not depend on the number of workers."""
+def build_dataset(n: int, seed: int, workers: int = 2, size: int = 64) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Render n training scenes -> (uint8 images [n, size, size, 3], object masks [n, size, size], captions).
+    Chunks are seeded, so the result does not depend on the number of workers; a scene is the same at any size."""
     chunk = 2000
-    jobs = [(seed, s, min(chunk, n - s)) for s in range(0, n, chunk)]
+    jobs = [(seed, s, min(chunk, n - s), size) for s in range(0, n, chunk)]
     if len(jobs) == 1 or workers <= 1:  # no pool for one chunk
         parts = [_render_chunk(j) for j in jobs]
     else:
@@ -57,7 +58,7 @@ def build_dataset(n: int, seed: int, workers: int = 2) -> tuple[np.ndarray, np.n
 
 @torch.no_grad()
 def tokenize(vq: VQVAE, images: np.ndarray, batch: int = 256) -> np.ndarray:
-    """uint8 images [N, 64, 64, 3] -> codes int16 [N, 16, 16], on the VQ's device."""
+    """uint8 images [N, px, px, 3] -> codes int16 [N, px/4, px/4], on the VQ's device."""
     device = next(vq.parameters()).device
     out = [vq.encode(torch.from_numpy(images[i:i + batch]).to(device)).to(torch.int16).cpu().numpy()
            for i in tqdm(range(0, len(images), batch), desc="tokenize", unit="batch")]
@@ -67,8 +68,8 @@ def tokenize(vq: VQVAE, images: np.ndarray, batch: int = 256) -> np.ndarray:
 @dataclass
 class TokenizedSet:
     captions: torch.Tensor  # [N, 36] int16 caption ids
-    codes: torch.Tensor  # [N, 256] int16 image codes, raster order
-    coverage: torch.Tensor  # [N, 256] uint8 object coverage of each code's patch, 0..255
+    codes: torch.Tensor  # [N, g*g] int16 image codes, raster order
+    coverage: torch.Tensor  # [N, g*g] uint8 object coverage of each code's patch, 0..255
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -84,17 +85,19 @@ class TokenizedSet:
 def tokenized_set(images: np.ndarray, masks: np.ndarray, captions: list[str], vq: VQVAE) -> TokenizedSet:
     codes = tokenize(vq, images).reshape(len(images), -1)
     grid = codes.shape[1] ** 0.5
-    cover = F.adaptive_avg_pool2d(torch.from_numpy(masks).float().unsqueeze(1), int(grid))  # [N, 1, 16, 16]
+    cover = F.adaptive_avg_pool2d(torch.from_numpy(masks).float().unsqueeze(1), int(grid))  # [N, 1, g, g]
     return TokenizedSet(torch.tensor(np.array([cap.encode(c) for c in captions]), dtype=torch.int16),
                         torch.from_numpy(codes), cover.flatten(1).round().to(torch.uint8))
 
 
-def cached_tokenized_set(work: Path, n: int, seed: int, vq: VQVAE, vq_digest: str) -> TokenizedSet:
-    """Render and tokenize n scenes, or load them from work/ when the same (n, seed, VQ) made them before."""
-    path = work / f"tokens-n{n}-seed{seed}-vq{vq_digest[:12]}.safetensors"
+def cached_tokenized_set(work: Path, n: int, seed: int, vq: VQVAE, vq_digest: str, size: int = 64) -> TokenizedSet:
+    """Render and tokenize n scenes at size pixels, or load them from work/ when the same (n, seed, size, VQ)
+    made them before (64-pixel sets keep the name they had before sizes existed)."""
+    px = "" if size == 64 else f"-px{size}"
+    path = work / f"tokens-n{n}-seed{seed}{px}-vq{vq_digest[:12]}.safetensors"
     if path.exists():
         return TokenizedSet.load(path)
-    images, masks, captions = build_dataset(n, seed)
+    images, masks, captions = build_dataset(n, seed, size=size)
     data = tokenized_set(images, masks, captions, vq)
     work.mkdir(parents=True, exist_ok=True)
     data.save(path)

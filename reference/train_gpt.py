@@ -5,6 +5,10 @@ dropout from a generator seeded by (seed, step), so there is no data-order state
 checkpoint holds the model, AdamW's moments and step counts exactly: two safetensors files (tensors plus a
 JSON metadata string) in a folder per checkpoint, which a pointer file names once both are written, so a
 run killed mid-write leaves the previous checkpoint intact.
+
+A run may start warm from another bundle's transformer (v3 from v2): every tensor of the same shape is copied,
+and the learned 2D image-position embedding is resized bilinearly to the new grid; the source's SHA-256 is part
+of the settings, so a resume from another source is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
@@ -40,7 +45,15 @@ class GPTTrainConfig:
     object_weight: float = 4.0  # token loss weight is 1 + object_weight * (object coverage of its 4x4 patch)
     checkpoint_minutes: float = 5.0
     eval_every: int = 500  # steps between learning-curve points (0 = none)
+    # "bf16": matmuls and attention under CPU/GPU autocast, weights and AdamW in fp32 (2x the samples/s of fp32
+    # on a CPU with AMX at a 32x32 grid, docs/reference-model.md); "fp32": no autocast (v1, v2)
+    precision: str = "fp32"
+    warm_from: str = ""  # SHA-256 of the gpt.safetensors the run starts from ("" = random initialisation)
     gpt: GPTConfig = GPTConfig(dim=256, n_layers=6, n_heads=8, mlp_hidden=688)
+
+    def __post_init__(self):
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -62,13 +75,32 @@ def make_optimizer(gpt: GPT, tc: GPTTrainConfig) -> torch.optim.AdamW:
 
 
 def batch_for_step(data: TokenizedSet, tc: GPTTrainConfig, step: int, device: torch.device):
-    """The step's batch, a function of (seed, step) only: captions [B, 36], codes [B, 256], weights [B, 256]."""
+    """The step's batch, a function of (seed, step) only: captions [B, 36], codes [B, g*g], weights [B, g*g]."""
     gen = torch.Generator().manual_seed(tc.seed * 1_000_003 + step)
     idx = torch.randint(0, len(data.codes), (tc.batch,), generator=gen)
     c = data.captions[idx].long()
     c[torch.rand(tc.batch, generator=gen) < tc.gpt.cfg_dropout] = torch.tensor(cap.null_caption())
     w = 1.0 + tc.object_weight * data.coverage[idx].float() / 255
     return c.to(device), data.codes[idx].long().to(device), w.to(device)
+
+
+def warm_state(gpt: GPT, source: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """gpt's state dict with source's tensors where they fit: same-shaped tensors copied, the image-position
+    embedding [g*g, dim] resized bilinearly from the source's grid to gpt's. A tensor missing from source, or of
+    another shape, is an error: a warm start that silently kept random weights would be a cold start."""
+    out, g = gpt.state_dict(), gpt.cfg.grid
+    for name, own in out.items():
+        if name not in source:
+            raise ValueError(f"warm start: the source has no {name}")
+        src = source[name]
+        if name == "img_pos" and src.shape != own.shape:
+            side = int(round(src.shape[0] ** 0.5))
+            grid = src.T.reshape(1, -1, side, side)  # [1, dim, side, side]
+            src = F.interpolate(grid, size=(g, g), mode="bilinear", align_corners=False).reshape(-1, g * g).T
+        if src.shape != own.shape:
+            raise ValueError(f"warm start: {name} is {tuple(src.shape)} in the source, {tuple(own.shape)} here")
+        out[name] = src.to(own.dtype).contiguous()
+    return out
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -114,14 +146,21 @@ def load_checkpoint(work: Path, gpt: GPT, opt: torch.optim.Optimizer, tc: GPTTra
 
 def train_gpt(data: TokenizedSet, tc: GPTTrainConfig, work: Path, resume: bool = False,
               device: str | torch.device = "cpu", until_step: int | None = None,
-              evaluate: Callable[[GPT], dict] | None = None) -> tuple[GPT, dict]:
+              evaluate: Callable[[GPT], dict] | None = None,
+              warm: dict[str, torch.Tensor] | None = None) -> tuple[GPT, dict]:
     """Train (or continue) the AR model; returns it and the run state (step, elapsed seconds, curve).
 
-    until_step stops this sitting early (a later `resume` continues); evaluate(gpt) gives a curve point."""
+    until_step stops this sitting early (a later `resume` continues); evaluate(gpt) gives a curve point;
+    warm: the source transformer's state dict when tc.warm_from names one (its SHA-256)."""
     device = torch.device(device)
     work.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(tc.seed + 1)
-    gpt = GPT(tc.gpt).to(device)
+    gpt = GPT(tc.gpt)
+    if tc.warm_from:
+        if warm is None:
+            raise ValueError("the settings name a warm-start source, but none was given")
+        gpt.load_state_dict(warm_state(gpt, warm), strict=True)
+    gpt = gpt.to(device)
     opt = make_optimizer(gpt, tc)
     # train_seconds is wall time; cpu_seconds the process's CPU time (all threads), which other work on the
     # machine does not inflate
@@ -137,7 +176,8 @@ def train_gpt(data: TokenizedSet, tc: GPTTrainConfig, work: Path, resume: bool =
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, tc.steps, tc.lr, tc.warmup)
-        loss = gpt.training_loss(*batch_for_step(data, tc, step, device))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16"):
+            loss = gpt.training_loss(*batch_for_step(data, tc, step, device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)

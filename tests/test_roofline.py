@@ -18,7 +18,7 @@ def model():
 def test_a_steps_bytes_and_flops_are_the_models_own(model):
     g = model.gpt.cfg
     shapes = roofline.step_shapes(model.gpt, rows=4, window=3)
-    assert shapes["slots"] == g.caption_len + roofline.MID_IMAGE + 3  # the window's last token sees them all
+    assert shapes["slots"] == g.caption_len + roofline.mid_image(model.gpt) + 3  # the window's last token sees them all
     # the slots in use are that share of what 2 CFG samples' (4 rows') caches allocate
     from ssdgen.reference.gpt import SPARE_POSITIONS
     alloc = 2 * model.cache_bytes_per_sample(use_cfg=True)

@@ -99,7 +99,7 @@ def test_eval_set_is_fixed_balanced_and_versioned():
 def test_training_scenes_hold_out_eval_captions():
     from ssdgen.reference.train_data import _render_chunk
     held = eval_captions()
-    _, _, caps = _render_chunk((123, 0, 300))
+    _, _, caps = _render_chunk((123, 0, 300, 64))
     assert not held & set(caps)
 
 

@@ -118,26 +118,34 @@ def bench_scale_cmd(n: int = typer.Option(200_000, help="prompts"),
 @friendly
 def train_reference(out: Path = typer.Option(..., help="bundle directory to write (reference/weights replaces "
                                                        "the shipped model)"),
+                    preset: str = typer.Option("v2", help="the model's settings: v2 (64-pixel renders, 16x16 "
+                                                          "tokens) or v3 (128-pixel renders, 32x32 tokens, bf16 "
+                                                          "autocast; wants --warm-from and --vq-from)"),
                     work: Path = typer.Option(Path("runs/train-reference"),
                                               help="folder for the tokenized set, checkpoints and the curve"),
                     resume: bool = typer.Option(False, help="continue from the checkpoint in --work"),
                     until_step: Optional[int] = typer.Option(None, help="stop this sitting after this AR step"),
                     device: str = typer.Option("cpu", help="torch device, e.g. cuda"),
                     vq_from: Optional[Path] = typer.Option(None, help="take the VQ tokenizer from this bundle"),
+                    warm_from: Optional[Path] = typer.Option(None, help="start the transformer from this bundle's "
+                                                                        "(the image-position embedding resized "
+                                                                        "to the new grid)"),
                     seed: int = typer.Option(0, help="training seed (data, initialisation, order)"),
                     gpt_steps: Optional[int] = typer.Option(None, help="override AR training steps"),
                     n_images: Optional[int] = typer.Option(None, help="override the number of training renders"),
                     curve_prompts: Optional[int] = typer.Option(None, help="eval prompts per curve point (0 = none)")):
-    """Train the VQ tokenizer and the AR model (about 4 hours on 2 CPU cores; resumable with --resume)."""
+    """Train the VQ tokenizer and the AR model (v2: about 4 hours on 2 CPU cores; resumable with --resume)."""
     from dataclasses import replace
-    from ssdgen.reference.train import TrainConfig, train_reference as run
-    tc = TrainConfig(seed=seed)
+    from ssdgen.reference.train import PRESETS, train_reference as run
+    if preset not in PRESETS:
+        raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+    tc = replace(PRESETS[preset], seed=seed)
     tc = replace(tc, **{k: v for k, v in {"n_images": n_images, "curve_prompts": curve_prompts}.items()
                         if v is not None})
     if gpt_steps is not None:
         tc = replace(tc, gpt=replace(tc.gpt, steps=gpt_steps))
     tc = replace(tc, gpt=replace(tc.gpt, seed=seed))
-    res = run(out, tc, work, resume, device, vq_from, until_step)
+    res = run(out, tc, work, resume, device, vq_from, until_step, warm_from)
     typer.echo(json.dumps({k: res[k] for k in ("steps_done", "timing", "curve")}, indent=1))
 
 

@@ -9,6 +9,7 @@ outcome comes back, as an event."""
 from __future__ import annotations
 
 import posixpath
+import threading
 import time
 from collections import Counter
 from datetime import datetime, timezone
@@ -25,11 +26,28 @@ from .ticket import is_transient
 WRITE_TRIES = 3  # a failed PUT is retried in place: re-decoding a shard for a storage hiccup wastes the devices
 
 
-def shard_marker(job, cfg, spec: str) -> tuple[dict, object, object, object | None]:
+class ProvenanceError(RuntimeError):
+    """An actor reports a decoder other than the run's plan: its rows are not committed."""
+
+
+def decoded_by(job, spec: str) -> str:
+    """The decoder every batch of `job` reports (workers.results.BatchResult.decoder): the provenance its rows
+    and marker record. It must be `spec`, the run's plan; any other is refused, never committed under the plan's
+    name (a stale actor, a bug in resolving)."""
+    if others := {r.decoder for r in job.results} - {spec}:
+        others = ", ".join(sorted(others))
+        raise ProvenanceError(f"shard {job.shard.id}: decoded by {others}, but the run's plan is {spec}; "
+                              "not committed")
+    return spec
+
+
+def shard_marker(job, cfg, spec: str, planning_s: float = 0.0) -> tuple[dict, object, object, object | None]:
     """A decoded shard (flows.window.Job) as (its marker before the commit, the images table, the stats table,
-    the audit table or None without an audit). spec: the resolved spec text the shard was decoded by, which its
-    rows and marker record (a calibrated run's requested spec is only in its config)."""
+    the audit table or None without an audit). spec: the run's resolved spec text, which the results must report
+    (`decoded_by`); the rows and marker record what the results say (a calibrated run's requested spec is only
+    in its config). planning_s: a calibration actor's seconds, charged here as model load is."""
     dev = cfg.devices_per_actor
+    spec = decoded_by(job, spec)
     samples = {pid: s for r in job.results for pid, s in r.samples.items()}
     images, stats = shard_tables(samples, job.rows, spec, cfg.model, cfg.image_format, dev, job.kept)
     audited, audit = shard_audit(job.results, dev)
@@ -41,8 +59,9 @@ def shard_marker(job, cfg, spec: str) -> tuple[dict, object, object, object | No
     marker = {"shard": job.shard.id, "rows": len(samples), "ok": len(samples) - sum(errors.values()),
               "failed": sum(errors.values()), "errors": dict(errors.most_common(10)),
               "error_reasons": dict(reasons.most_common()), "wall_s": wall,
-              "busy_s": job.busy_s, "load_s": job.load_s, "devices": dev, "device_type": cfg.device_type,
-              "device_seconds_allocated": (wall + job.load_s) * dev, "device_seconds_busy": job.busy_s * dev,
+              "busy_s": job.busy_s, "load_s": job.load_s + planning_s, "devices": dev,
+              "device_type": cfg.device_type, "device_seconds_allocated": (wall + job.load_s + planning_s) * dev,
+              "device_seconds_busy": job.busy_s * dev,
               "started_at": job.started_at, "actor_pid": job.where.get("pid"),
               "node_id": job.where.get("node_id"), "device": job.where.get("device"),
               "batches": len(job.batches), "decoder": spec} | ({"audit": audit} if cfg.audit > 0 else {})
@@ -51,16 +70,32 @@ def shard_marker(job, cfg, spec: str) -> tuple[dict, object, object, object | No
 
 class Commit:
     """Writes and commits a run's shards. `guard`, when given, is called before every commit and raises when the
-    run may no longer commit; `aborted()` is the run's abort, None while it runs. spec: the resolved spec text
-    every batch was decoded by (flows.pipeline), recorded in each row and marker."""
+    run may no longer commit; `aborted()` is the run's abort, None while it runs. spec: the run's resolved spec
+    text (flows.pipeline), which every batch's results must report. planning_s: a calibration actor's seconds,
+    charged to the first shard this run commits."""
 
-    def __init__(self, cfg, out: Output, spec: str, guard=None, aborted=lambda: None):
+    def __init__(self, cfg, out: Output, spec: str, guard=None, aborted=lambda: None, planning_s: float = 0.0):
         self.cfg, self.out, self.spec, self.guard, self.aborted = cfg, out, spec, guard, aborted
+        self._planning_s, self._lock = planning_s, threading.Lock()
 
     def write(self, job, decoded_at: float) -> tuple[Marker | None, float]:
         """Tables, files under a new attempt, marker. Returns (marker, or None when another attempt won the
         commit; seconds from the last batch to the commit)."""
-        marker, images, stats, audit_t = shard_marker(job, self.cfg, self.spec)
+        with self._lock:  # the I/O threads commit in parallel: one of them takes the planning seconds
+            planning_s, self._planning_s = self._planning_s, 0.0
+        try:
+            done = self._write(job, decoded_at, planning_s)
+        except BaseException:
+            with self._lock:
+                self._planning_s += planning_s  # not committed: the next shard carries them
+            raise
+        if done[0] is None and planning_s:  # another attempt's commit won: ours carried nothing
+            with self._lock:
+                self._planning_s += planning_s
+        return done
+
+    def _write(self, job, decoded_at: float, planning_s: float) -> tuple[Marker | None, float]:
+        marker, images, stats, audit_t = shard_marker(job, self.cfg, self.spec, planning_s)
         attempts = []
         for attempt_no in range(WRITE_TRIES):
             attempts.append(self.out.new_attempt(job.shard.id))

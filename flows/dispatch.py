@@ -38,18 +38,19 @@ class Dispatcher:
     from other threads (group tasks, the flow, a signal handler), private ones run on the dispatch thread."""
 
     def __init__(self, cfg, files, out: Output, actors: list, done: bytearray, log, restart_wait_s: float,
-                 bar=None, decoder: str | None = None, guard=None):
-        """decoder: the run's resolved spec text (flows.pipeline), sent with every batch. guard: called before
-        every commit; it raises when the run may no longer commit (its lease was taken over, output.lease)."""
+                 bar=None, decoder: str | None = None, guard=None, planning_s: float = 0.0):
+        """decoder: the run's resolved spec text (flows.pipeline), which every batch's results must report. guard:
+        called before every commit; it raises when the run may no longer commit (its lease was taken over,
+        output.lease). planning_s: a calibration actor's seconds, charged with the first commit."""
         self.cfg, self.done, self.bar = cfg, done, bar
         self.events: queue.Queue = queue.Queue()
-        self.sched = Scheduler(actors, cfg, decoder, self.events.put)
+        self.sched = Scheduler(actors, cfg, self.events.put)
         self.depth = self.sched.depth
         self.io_threads = min(8, max(2, len(actors)))
         self.capacity = len(actors) * (self.depth + 1) + self.io_threads  # decoding + read ahead + writing
         self.window = Window(self.capacity, self.events.put, log)
         self.health = Health(restart_wait_s, log, self.events.put, self.sched.send, self.window.finish)
-        commit = Commit(cfg, out, decoder or str(cfg.decoder), guard, lambda: self.window.aborted)
+        commit = Commit(cfg, out, decoder or str(cfg.decoder), guard, lambda: self.window.aborted, planning_s)
         self.io = IOPool(cfg, files, self.io_threads, self.events.put, commit.write)
         self.commits = self.images = 0
         # driver seconds from a shard's last batch coming back to its commit being visible: count, sum, max

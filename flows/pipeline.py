@@ -87,37 +87,51 @@ def _cluster_slots(cfg: RunSettings):
         yield
 
 
-def _decode_plan(cfg: RunSettings, files: list[InputFile], plan: ShardPlan, out: Output, actors: list,
-                 log, stop: StopSignals) -> tuple[str, int]:
-    """(the spec text every batch carries to its actor, the batch size), so all actors, restarted ones and
-    retries decode alike: the run's spec, or for a calibrated one the concrete spec it resolves to, decided once
-    per run: the recorded one on a resume; another run's plan with `--plan`; else planned for the objective by
-    one actor on the first shard's first prompts (decoders/planner.py), which also chooses the batch size unless
-    the user set one. A new plan is recorded (`_plan.json`: the text and its measurements) before any shard
-    decodes."""
+def _decode_plan(cfg: RunSettings, files: list[InputFile], plan: ShardPlan, out: Output, log,
+                 stop: StopSignals) -> tuple[DecodeSpec | None, int, float]:
+    """(the concrete spec a calibrated request resolves to, else None: the request decodes as it is; the batch
+    size; the seconds a calibration actor took, charged with the first commit), decided once per run before the
+    actors exist, so every actor, restarted ones and retries, is built with it: the recorded plan on a resume;
+    another run's plan with `--plan`; else planned for the objective by one short-lived actor on the first
+    shard's first prompts (decoders/planner.py), which also chooses the batch size unless the user set one. A new
+    plan is recorded (`_plan.json`: the text and its measurements) before any shard decodes."""
     if not cfg.decoder.calibrated:
-        return str(cfg.decoder), cfg.fixed_batch
+        return None, cfg.fixed_batch, 0.0
     if (recorded := out.read_plan()) is not None:
         spec = _recorded_spec(out, recorded)  # a damaged record fails here, before any shard decodes
         log.info(f"decode plan: {spec} (recorded)")
-        return str(spec), _plan_batch(cfg, recorded)
+        return spec, _plan_batch(cfg, recorded), 0.0
     if cfg.plan is not None:
         decided = read_plan_at(cfg.plan)
         spec = _recorded_spec(out, decided, f"--plan {cfg.plan}")
         out.write_plan(decided)
         log.info(f"decode plan: {spec} (replayed from {cfg.plan})")
-        return str(spec), _plan_batch(cfg, decided)
+        return spec, _plan_batch(cfg, decided), 0.0
     pilot = max(cfg.batch_size or 0, CALIBRATION_PROMPTS)
     rows = [asdict(r) for r in read_shard(files, plan[0], cfg.seed)][:pilot]
     # a batch holds at most a shard's rows, and the job's (a 40-prompt job never plans batch 128); the memory is
     # shared by all the run's actors (on one machine in a local run, a safe bound on a cluster)
     most = min(cfg.shard_size, plan.rows)
-    decided = _get(actors[0].calibrate.remote(rows, cfg.batch_size, cfg.objective, most, cfg.actors), stop)
+    decided, seconds = _calibrate(cfg, rows, most, stop)
     out.write_plan(decided)
     m = decided["measurements"]
     log.info(f"decode plan ({m['objective']}): {m['why']}; {decided['spec']}, planned in {m['seconds']:.1f} s"
              + (" (device profile from the cache)" if m.get("cached") else ""))
-    return decided["spec"], _plan_batch(cfg, decided)
+    return _recorded_spec(out, decided), _plan_batch(cfg, decided), seconds
+
+
+def _calibrate(cfg: RunSettings, rows: list[dict], most: int, stop: StopSignals) -> tuple[dict, float]:
+    """The plan, made by one actor of the pool's shape built with the request, removed once it answers ->
+    (what `_plan.json` records, the actor's seconds: its model load and the planning)."""
+    import ray
+    from ssdgen.workers.decode_worker import DecodeWorker
+    actor = ray.remote(DecodeWorker).options(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
+                                             max_restarts=0).remote(cfg.worker(), cfg.threads)
+    try:
+        decided = _get(actor.calibrate.remote(rows, cfg.batch_size, cfg.objective, most, cfg.actors), stop)
+        return decided, _get(actor.take_load_seconds.remote(), stop)
+    finally:
+        ray.kill(actor)  # its CPUs or GPU go to the pool
 
 
 @contextmanager
@@ -174,19 +188,25 @@ def _get(refs, stop: StopSignals | None):
             continue
 
 
-def _actors(cfg: RunSettings, pending: int, stop: StopSignals | None = None) -> list:
-    """The run's actors, loaded: --actors, or as many as fit at once, and no more than the pending shards (an
-    actor per shard at most: a small run does not load the model on actors that would get no shard)."""
-    import ray
-    from ssdgen.workers.decode_worker import DecodeWorker
-    # before any actor is requested: one that fits no node would wait forever (flows/cluster.py)
+def _pool_size(cfg: RunSettings, pending: int) -> int:
+    """--actors, or as many as fit at once, and no more than the pending shards (an actor per shard at most: a
+    small run does not load the model on actors that would get no shard). Checked before any actor is requested:
+    one that fits no node would wait forever (flows/cluster.py)."""
     n = cluster.actors_to_start(cfg.cpus_per_actor, cfg.gpus_per_actor, cfg.actors)
     if pending < n:
         cluster.run_logger().info(f"--actors {cfg.actors}: {pending} shard(s) to run, so {pending} actor(s)")
         n = pending
+    return n
+
+
+def _actors(cfg: RunSettings, n: int, resolved: DecodeSpec | None, stop: StopSignals | None = None) -> list:
+    """The run's n actors, loaded, each built with the run's decoder: the request and what it resolved to. Ray
+    replays these arguments when it restarts an actor, so a restarted one decodes by the same spec."""
+    import ray
+    from ssdgen.workers.decode_worker import DecodeWorker
     cls = ray.remote(DecodeWorker).options(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
                                            max_restarts=-1, max_task_retries=0)
-    actors = [cls.remote(cfg.worker(), cfg.threads) for _ in range(n)]
+    actors = [cls.remote(cfg.worker(), cfg.threads, resolved) for _ in range(n)]
     _get([a.info.remote() for a in actors], stop)  # wait for the loads; a config error surfaces here, once
     return actors
 
@@ -219,15 +239,16 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
         stop.install()  # cluster.start keeps our SIGTERM handler through Ray's init; this covers any other way in
         actors = []
         try:
-            actors = _actors(cfg, pending, stop)
-            decode_plan, batch = _decode_plan(cfg, files, plan, out, actors, log, stop)
+            n = _pool_size(cfg, pending)
+            resolved, batch, planning_s = _decode_plan(cfg, files, plan, out, log, stop)
             cfg = cfg.model_copy(update={"batch_size": batch})  # what the dispatcher splits shards by
+            actors = _actors(cfg, n, resolved, stop)
             startup_s = time.perf_counter() - t0
             log.info(f"{len(actors)} actor(s) ready {startup_s:.1f} s after the flow started")
             bar = tqdm(total=rows, unit="img", desc="generate", disable=not progress, smoothing=0.1)
             # the wait is read now, not at import: tests and operators may change it on the module
             disp = Dispatcher(cfg, files, out, actors, done, log, ACTOR_RESTART_WAIT_S, bar,
-                              decode_plan, guard=lease.check).start()
+                              str(resolved or cfg.decoder), guard=lease.check, planning_s=planning_s).start()
             stop.target = disp.interrupt  # from here a signal stops the window, not the main thread
             with _own_line(bar):
                 failed_groups = run_groups(RunContext(plan, done, disp), pending, len(plan))

@@ -33,15 +33,15 @@ class Actor:
 
 class Scheduler:
     """The shards read and waiting for an actor (`ready`), and the actors; the dispatch thread owns it. `post`
-    queues an event for the dispatch thread; `spec` (the run's resolved decode spec text) goes with every batch."""
+    queues an event for the dispatch thread."""
 
-    def __init__(self, handles: list, cfg, spec: str, post):
+    def __init__(self, handles: list, cfg, post):
         self.actors = [Actor(h) for h in handles]
         per_shard = math.ceil(cfg.shard_size / cfg.batch_size)
         # batches queued per actor: at least 3 (one running, two waiting), and at least 2 shards
         self.depth = max(2, math.ceil(3 / per_shard))
         self.ready: deque = deque()
-        self.spec, self.post = spec, post
+        self.post = post
 
     def dispatch(self, restarting) -> None:
         """Give ready shards to the actors with the fewest shards, up to `depth` each, skipping the actors for
@@ -63,7 +63,7 @@ class Scheduler:
         if actor.inflight == 0:
             actor.mark = time.perf_counter()  # the actor was idle until now: that gap is no shard's
         for i in which:
-            ref = actor.handle.decode.remote(job.batches[i], self.spec)
+            ref = actor.handle.__call__.remote(job.batches[i])  # the actor decodes by the spec it was built with
             job.refs[i] = ref
             actor.inflight += 1
             ref.future().add_done_callback(lambda f, i=i, g=job.gen: self.post(Batch(job, i, g, f)))

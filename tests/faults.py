@@ -134,7 +134,7 @@ def from_env() -> None:
 
 def decode_workers() -> list[tuple[int, str]]:
     """(pid, title) of this process's Ray's DecodeWorker actor processes. Ray titles an actor's process
-    `ray::DecodeWorker` and, while a task runs, `ray::DecodeWorker.decode`. Only our descendants count: the
+    `ray::DecodeWorker` and, while a task runs, `ray::DecodeWorker.__call__`. Only our descendants count: the
     Ray of another test session on the same machine is left alone."""
     found = []
     for p in psutil.Process().children(recursive=True):
@@ -164,7 +164,7 @@ class ActorKiller(threading.Thread):
             if self.commits() < self.after[len(self.killed)]:
                 continue
             workers = decode_workers()
-            busy = [pid for pid, title in workers if title.endswith(".decode") and pid not in self.killed]
+            busy = [pid for pid, title in workers if title.endswith(".__call__") and pid not in self.killed]
             if busy:
                 self.originals = self.originals or {pid for pid, _ in workers}
                 os.kill(busy[0], signal.SIGKILL)

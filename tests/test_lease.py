@@ -231,7 +231,7 @@ def test_a_driver_that_loses_the_lease_mid_shard_leaves_no_attempt(tmp_path, mon
         return [first, out.write_bytes(f"{attempt}/stats.parquet", b"y", 1)]
 
     out.fence = fence
-    monkeypatch.setattr(commit, "shard_marker", lambda job, cfg, spec: ({"shard": 0}, None, None, None))
+    monkeypatch.setattr(commit, "shard_marker", lambda job, cfg, spec, planning_s=0.0: ({"shard": 0}, None, None, None))
     monkeypatch.setattr(commit, "write_shard", files)
     with pytest.raises(LeaseLost):
         commit.Commit(SimpleNamespace(format="parquet", shard_size=4), out, "ar").write(

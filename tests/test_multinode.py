@@ -109,7 +109,7 @@ def test_actors_are_placed_by_their_gpus(cluster, tmp_path):
     from ssdgen.flows.pipeline import RunSettings, _actors
     ids = {n.node_id: name for name, n in cluster.named.items()}
     cfg = RunSettings(prompts=("x",), actors=3, gpus_per_actor=1.0, cpus_per_actor=0.5, device_type="l4")
-    actors = _actors(cfg, pending=3)  # the flow's own actor construction
+    actors = _actors(cfg, 3, None)  # the flow's own actor construction
     try:
         infos = ray.get([a.info.remote() for a in actors])
     finally:

@@ -24,13 +24,16 @@ def test_s3_run_with_killed_actors_and_failed_writes_commits_each_prompt_once_wi
     rows = _prompts(256)
     _write(s3, "ssdgen-test/in/part-0.parquet", rows[:128])
     _write(s3, "ssdgen-test/in/part-1.parquet", rows[128:])
-    clean = _run(prompts=["s3://ssdgen-test/in/"], out="s3://ssdgen-test/clean")
+    # the default decoder, calibrated: the clean run resolves it before its actors start, and records the plan
+    clean = _run(prompts=["s3://ssdgen-test/in/"], out="s3://ssdgen-test/clean", decoder="ssd+csd")
     assert clean["images_ok"] == 256 and clean["shards_committed"] == 8 and clean["reconciles"]
-    # the same run on storage whose first 5 data writes fail, with a busy actor SIGKILLed at the start and
-    # after 2 and 4 of the 8 shards committed
+    planned = Output("s3://ssdgen-test/clean").read_plan()["spec"]
+    # the same run replaying that plan on storage whose first 5 data writes fail, with a busy actor SIGKILLed at
+    # the start and after 2 and 4 of the 8 shards committed: Ray rebuilds each with the plan's spec
     with storage_faults(errors=5) as storage, \
             ActorKiller(after_commits=[0, 2, 4], commits=lambda: storage.commits) as killer:
-        faulty = _run(prompts=["s3://ssdgen-test/in/"], out="faultys3://ssdgen-test/faulty")
+        faulty = _run(prompts=["s3://ssdgen-test/in/"], out="faultys3://ssdgen-test/faulty", decoder="ssd+csd",
+                      plan="s3://ssdgen-test/clean")
     assert storage.errors_raised == 5 and len(killer.killed) == 3  # the faults happened
     assert faulty["images_ok"] == 256 and faulty["shards_committed"] == 8
     a, _ = _committed("s3://ssdgen-test/clean")
@@ -41,6 +44,8 @@ def test_s3_run_with_killed_actors_and_failed_writes_commits_each_prompt_once_wi
     png_b = dict(zip(ids, b.column("image").to_pylist()))
     assert png_a == png_b  # byte-identical despite 3 actor deaths and 5 storage errors
     assert set(stats.column("status").to_pylist()) == {"ok"}
+    # every row, the restarted actors' too, says it was decoded by the plan: what the actors reported
+    assert set(b.column("decoder").to_pylist()) == set(a.column("decoder").to_pylist()) == {planned}
     # restarted incarnations of the killed actors decoded shards that committed
     pids = {m.actor_pid for m in Output("s3://ssdgen-test/faulty").committed().values()}
     assert pids - killer.originals, (pids, killer.originals, killer.killed)
@@ -75,8 +80,8 @@ def test_a_run_starts_no_more_actors_than_it_has_shards_to_run(tmp_path, monkeyp
     started: list[int] = []
     real = pipeline._actors
 
-    def spy(cfg, pending, stop=None):
-        actors = real(cfg, pending, stop)
+    def spy(cfg, n, resolved, stop=None):
+        actors = real(cfg, n, resolved, stop)
         started.append(len(actors))
         return actors
     monkeypatch.setattr(pipeline, "_actors", spy)

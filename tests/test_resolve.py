@@ -65,7 +65,10 @@ def test_the_resolved_text_alone_reproduces_a_calibrated_decode_in_a_fresh_proce
     assert not any(k.startswith("_ssd") for k in tiny.__dict__)
 
 
-def test_the_worker_records_the_resolved_text_and_decodes_by_the_text_it_is_sent(tmp_path, monkeypatch):
+def test_the_worker_calibrates_and_an_actor_built_with_the_plan_decodes_by_it(tmp_path, monkeypatch):
+    """A calibration actor records the resolved text; an actor built with that spec decodes by it and reports it
+    (the rows' provenance); one built with the request alone refuses a calibrated spec; a plan that chose AR
+    is said in the result and in every sample."""
     from ssdgen.output.layout import plan_words
     from ssdgen.output.reader import plan_summary
     from ssdgen.workers.decode_worker import DecodeWorker
@@ -73,14 +76,16 @@ def test_the_worker_records_the_resolved_text_and_decodes_by_the_text_it_is_sent
     tiny = tiny_with_heads(tmp_path / "t")
     _flat_device(monkeypatch)
     monkeypatch.setenv("SSDGEN_CACHE", str(tmp_path / "cache"))
-    w = DecodeWorker(WorkerSettings(model=f"reference:{tiny.path}", decoder=CALIBRATED))
+    settings = WorkerSettings(model=f"reference:{tiny.path}", decoder=CALIBRATED)
+    w = DecodeWorker(settings)
     rows = [{"prompt_id": f"p{i}", "prompt": p, "seed": s, "error": None}
             for i, (p, s) in enumerate(zip(PROMPTS, SEEDS))]
     record = w.calibrate(rows, 2)
     assert set(record) == {"spec", "measurements"} and record["measurements"]["batch"] == 2
-    got = w.decode(rows, record["spec"])
+    got = DecodeWorker(settings, resolved=DecodeSpec.parse(record["spec"]))(rows)
     want = run(DecodeSpec.parse(record["spec"]), tiny, PROMPTS, SEEDS)
     assert [s.tokens for s in got.samples.values()] == want.tokens.tolist()
+    assert got.decoder == record["spec"] and not got.fell_back
     assert not any(k.startswith("_ssd") for k in w.model.__dict__)
     summary = plan_summary(record)
     assert summary["spec"] == record["spec"] and summary["rows"] == 2 and summary["batch"] == 2
@@ -88,10 +93,12 @@ def test_the_worker_records_the_resolved_text_and_decodes_by_the_text_it_is_sent
     assert plan_words(record).startswith("speculating as ssd+csd:calibrated=false:rows=2: a 2-row window at batch 2")
     assert plan_words(summary) == plan_words(record)
     assert w.calibrate(rows, 2)["measurements"]["cached"]  # planned again: from the cache
-    (unresolved,) = w.decode(rows[:1]).samples.values()  # no text sent: the actor's own spec, still calibrated
+    (unresolved,) = w(rows[:1]).samples.values()  # built with the request alone: still calibrated
     assert unresolved.status == "error" and "resolve it first" in unresolved.error
-    (ar,) = w.decode(rows[:1], str(DecodeSpec("ar", (), CALIBRATED.sampling))).samples.values()
-    assert ar.stats["ar_fallback"] and ar.stats["forwards"] == 16
+    ar = DecodeWorker(settings, resolved=DecodeSpec("ar", (), CALIBRATED.sampling))(rows[:1])
+    (sample,) = ar.samples.values()
+    assert ar.fell_back and ar.decoder.startswith("ar:")
+    assert sample.stats["ar_fallback"] and sample.stats["forwards"] == 16
 
 
 def test_the_batch_sizes_a_plan_may_choose_stop_at_the_shard_and_at_what_memory_holds(monkeypatch):
@@ -148,9 +155,10 @@ def test_a_job_smaller_than_a_shard_plans_no_batch_larger_than_its_rows(monkeypa
                                  "batch": max(choices), "choices": choices}}
 
     written = []
-    out = SimpleNamespace(read_plan=lambda: None, write_plan=written.append)
-    actor = SimpleNamespace(calibrate=SimpleNamespace(remote=calibrate))
-    monkeypatch.setattr(pipeline, "_get", lambda refs, stop: refs)  # no Ray: the stand-in answers at once
+    out = SimpleNamespace(read_plan=lambda: None, write_plan=written.append, path=str, full_url=str)
+    # no Ray: the stand-in for the calibration actor answers at once
+    monkeypatch.setattr(pipeline, "_calibrate", lambda cfg, rows, most, stop: (
+        calibrate(rows, cfg.batch_size, cfg.objective, most, cfg.actors), 0.0))
     monkeypatch.setattr(pipeline, "read_shard", lambda files, shard, seed: [
         SimpleNamespace(prompt_id=str(i), prompt=PROMPTS[0], seed=i, error=None) for i in range(8)])
     monkeypatch.setattr(pipeline, "asdict", vars)
@@ -158,7 +166,7 @@ def test_a_job_smaller_than_a_shard_plans_no_batch_larger_than_its_rows(monkeypa
     files = [SimpleNamespace(num_rows=8)]
     plan = ShardPlan(files, cfg.shard_size)
     assert (cfg.shard_size, plan.rows, cfg.decoder.calibrated) == (256, 8, True)
-    _, batch = pipeline._decode_plan(cfg, files, plan, out, [actor], SimpleNamespace(info=lambda line: None), None)
+    _, batch, _ = pipeline._decode_plan(cfg, files, plan, out, SimpleNamespace(info=lambda line: None), None)
     assert asked["most"] == 8 and batch == 8
     (recorded,) = written
     assert max(recorded["measurements"]["choices"]) == 8 and recorded["measurements"]["batch"] == 8

@@ -1,8 +1,13 @@
-"""The Ray actor that decodes: it loads the model, its heads and the decoder config once, then decodes batches.
+"""The Ray actor that decodes: it loads the model and builds its one `Decoder` once, then decodes batches.
 
-Ray Data's callable-class pattern, held by hand: `__init__` does the expensive load, `decode` does the work.
-It is a plain class; the flow wraps it with `ray.remote(...).options(num_cpus=, num_gpus=, max_restarts=-1)`,
-so a crashed actor is restarted (and reloads) by Ray. The actor does no storage I/O: it takes prompt rows
+Ray Data's callable-class pattern: `__init__` does the expensive load, `__call__` does the work. It is a plain
+class; the flow wraps it with `ray.remote(...).options(num_cpus=, num_gpus=, max_restarts=-1)`, so a crashed
+actor is restarted (and reloads) by Ray. The decoder is decided before the pool exists (flows.pipeline resolves
+a calibrated spec first, in a short-lived actor's `calibrate`) and given to the constructor, which Ray replays on
+a restart: every incarnation decodes by the same resolved spec, and no spec travels with a batch. Each result
+says which decoder made it (`str(decoder)`) and whether it fell back to AR, so the commit records what ran.
+
+The actor does no storage I/O: it takes prompt rows
 and returns encoded image bytes (PNG, WebP or JPEG, see `encode_image`), token grids and statistics, so the flow
 that owns the output layout decides what is committed.
 
@@ -20,6 +25,8 @@ import io
 import os
 import time
 import numpy as np
+
+from ssdgen.decoders.spec import DecodeSpec
 
 from .results import BAD_INPUT, DECODE_FAILED, BatchResult, Sample
 from .settings import WorkerSettings
@@ -80,9 +87,11 @@ def encode_image(img: np.ndarray, image_format: str = "png", quality: int = 90) 
 
 
 class DecodeWorker:
-    def __init__(self, settings: WorkerSettings, threads: int = 1):
-        """settings: the run's worker part (RunSettings.worker()); threads: torch intra-op threads (on a CPU,
-        actors x threads should match the cores)."""
+    def __init__(self, settings: WorkerSettings, threads: int = 1, resolved: DecodeSpec | None = None):
+        """settings: the run's worker part (RunSettings.worker()), its `decoder` the requested spec; threads: torch
+        intra-op threads (on a CPU, actors x threads should match the cores); resolved: the concrete spec a
+        calibrated request resolved to (the run's plan), None for a spec that needs no plan or an actor that only
+        calibrates."""
         import torch
         t0 = time.perf_counter()
         self.spec, self.threads = settings, threads
@@ -94,15 +103,14 @@ class DecodeWorker:
                 self.device = "cuda"  # Ray sets CUDA_VISIBLE_DEVICES to the GPUs it assigned this actor
         except ImportError:
             pass
-        from ssdgen.decoders.decoder import Decoder, build
+        from ssdgen.decoders.decoder import build
         from ssdgen.models.registry import load_model
         self.model = load_model(self.spec.model, device=self.device, dtype=self.spec.dtype)
-        # the run's requested spec (parsed and checked once, by the settings), built once: its heads loaded and
-        # held here for every batch (nothing is kept on the model object)
-        self.decoder = build(self.spec.decoder, self.model)
+        # built once, its heads loaded and held here for every batch (nothing is kept on the model object); the
+        # request stays known to it, so a plan that chose AR is said in every sample's statistics
+        decoder = build(self.spec.decoder, self.model)
+        self.decoder = decoder if resolved is None else decoder.as_spec(resolved)
         self.sc = self.spec.decoder.sampling
-        self.resolved: dict[str, Decoder] = {}  # the resolved spec texts the flow sent, each built once
-        self.current = self.decoder  # what the batch decodes by: the flow's resolved spec
         self.load_s = time.perf_counter() - t0
         self.reported_load = False
         self.where = {"pid": os.getpid(), "node_id": _node_id(), "device": self.device}
@@ -125,7 +133,7 @@ class DecodeWorker:
             torch.cuda.synchronize()
 
     def _decode(self, prompts: list[str], seeds: list[int]):
-        res = self.current.decode(prompts, seeds)  # a fall-back to AR is said in its statistics (decoder.py)
+        res = self.decoder.decode(prompts, seeds)  # a fall-back to AR is said in its statistics (decoder.py)
         images = self.model.decode_images(res.tokens).numpy()
         return res.tokens.cpu().numpy(), images, res.stats
 
@@ -133,7 +141,7 @@ class DecodeWorker:
                   sharing: int = 1) -> dict:
         """A calibrated spec resolved for the objective on this actor's device, planned on the rows' prompts
         (decoders/planner.py) -> {"spec": the concrete spec's text, "measurements": the plan, its batch included};
-        the flow records it and sends the text with every batch. batch: the user's batch size, or None for the
+        the flow records it and builds its actors with that spec. batch: the user's batch size, or None for the
         planner to choose one (`batch_choices`: at most `most`, a shard's rows, and what memory holds with
         `sharing` actors on the machine). The device profile comes from the cache when this device measured it
         before (workers/plan_cache.py). Its time is a one-time cost like the model load, and is charged with it
@@ -160,25 +168,12 @@ class DecodeWorker:
         except ValueError:  # an error row later, when its shard decodes
             return False
 
-    def _use_spec(self, text: str | None) -> None:
-        """Decode by the run's resolved spec, as the flow sent it: the same text on every actor, a restarted one
-        and a retry, so a sample's tokens depend on its seed and that text only. None: this actor's own spec
-        (a calibrated one then fails in `decode`: it must be resolved first)."""
-        if text is None:
-            self.current = self.decoder
-            return
-        if text not in self.resolved:
-            from ssdgen.decoders.spec import DecodeSpec
-            self.resolved[text] = self.decoder.as_spec(DecodeSpec.parse(text))
-        self.current = self.resolved[text]
-
-    def decode(self, rows: list[dict], spec: str | None = None) -> BatchResult:
-        """rows: [{prompt_id, prompt, seed, error[, audit_seed]}]; spec: the run's resolved spec text (flows.pipeline)
-        -> a BatchResult (workers/results.py): the samples keyed by prompt_id; busy_s leaves out the audit (see
+    def __call__(self, rows: list[dict]) -> BatchResult:
+        """rows: [{prompt_id, prompt, seed, error[, audit_seed]}] -> a BatchResult (workers/results.py): the samples
+        keyed by prompt_id; the decoder that made them and whether it fell back; busy_s leaves out the audit (see
         `_audit`); load_s is this incarnation's model load on its first batch, else 0, and `worker` says where it
-        ran: the flow needs no extra call per shard to learn either."""
+        ran: the flow needs no extra call per shard to learn any of them."""
         from ssdgen.decoders.protocol import prompt_error_reason
-        self._use_spec(spec)
         t0 = time.perf_counter()
         out: dict[str, Sample] = {}
         good = []
@@ -207,8 +202,8 @@ class DecodeWorker:
         self._sync()
         busy = time.perf_counter() - t0  # the audit below is not the images' work: it is timed on its own
         audit, audit_s = self._audit(rows, out)
-        return BatchResult({r["prompt_id"]: out[r["prompt_id"]] for r in rows}, busy, audit, audit_s,
-                           self.take_load_seconds(), self.where)
+        return BatchResult({r["prompt_id"]: out[r["prompt_id"]] for r in rows}, str(self.decoder),
+                           self.decoder.falls_back, busy, audit, audit_s, self.take_load_seconds(), self.where)
 
     def _audit(self, rows: list[dict], out: dict[str, Sample]) -> tuple[list[dict], float]:
         """Audit the decoded rows the flow marked with an `audit_seed` (output.audit): the target's NLL per token

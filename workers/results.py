@@ -1,9 +1,9 @@
 """What an actor returns for a batch: typed records the flow reads by attribute, never by string.
 
 A `Sample` is one prompt's outcome (its image bytes, token grid and statistics, or its error); a `BatchResult`
-holds a batch's samples keyed by prompt_id (in the batch's order), with the batch's busy time, its audit rows and
-the actor's load time and whereabouts. The flow pairs each sample with its input row by prompt_id
-(output.layout.shard_tables), never by position.
+holds a batch's samples keyed by prompt_id (in the batch's order), with the decoder that made them (the rows'
+provenance), the batch's busy time, its audit rows and the actor's load time and whereabouts. The flow pairs
+each sample with its input row by prompt_id (output.layout.shard_tables), never by position.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ class Sample:
 @dataclass(frozen=True)
 class BatchResult:
     samples: dict[str, Sample]  # prompt_id -> sample, in the batch's order
+    decoder: str  # str(Decoder) of the decoder that ran: the resolved spec the rows record
+    fell_back: bool  # a speculative request decoded as plain AR (its plan chose AR)
     busy_s: float  # the batch's decode and encode, without the audit
     audit: list[dict] = field(default_factory=list)  # output.audit's rows for the rows marked to audit
     audit_s: float = 0.0

@@ -19,7 +19,7 @@
 # BENCH_BATCHES (1,4,16,64), BENCH_MODEL (a --model spec, e.g. reference:/path/to/tiny), e.g. BENCH_DEVICE=cpu BENCH_N=1 BENCH_QN=0 BENCH_BATCHES=1,2 infra/device-bench.sh /tmp/o cpu
 #
 # Shape replay: the forward shapes each decoder produced on the trained reference model (the bench's traces)
-# are replayed on random-weight Janus-Pro-1B- and 7B-shaped models in bf16 (bench/shape_replay.py): measured
+# are replayed on random-weight Janus-Pro-1B- and 7B-shaped models in bf16 (lab/bench/shape_replay.py): measured
 # images/s per decoder and batch at the trace's 16x16 grid, and the roofline projection's error against them.
 # `--tiny` runs everything on the CPU with tiny shapes (the test suite does), producing the same files.
 #
@@ -151,10 +151,10 @@ fi
 # 6. shape replay: the forward shapes each decoder produced above, timed on Janus-Pro-1B/7B-shaped models --
 say "shape replay"
 if [ "$TINY" = 1 ]; then REPLAY=(--tiny --device cpu); else REPLAY=(--device "$DEV" --accelerator "$DT"); fi
-timeout 200 "$PY" -m ssdgen.cli dev shape-replay "$OUT/bench.json" "$OUT/replay.json" --budget-s 150 "${REPLAY[@]}" \
+timeout 200 "$PY" -m lab shape-replay "$OUT/bench.json" "$OUT/replay.json" --budget-s 150 "${REPLAY[@]}" \
     2>&1 | tee "$OUT/replay.log" || say "shape replay failed or overran (see replay.log)"
 
 # 7. the projection's method checked on this GPU (its bandwidth and FLOP/s measured here) -------------------
 say "projection check"
-"$PY" -m ssdgen.cli dev projection-check "$OUT/bench.json" --out "$OUT/calibration.json" --device "$DEV" 2>&1 | tee "$OUT/calibration.log" || true
+"$PY" -m lab projection-check "$OUT/bench.json" --out "$OUT/calibration.json" --device "$DEV" 2>&1 | tee "$OUT/calibration.log" || true
 say "done: $(find "$OUT" -maxdepth 1 -type f -printf '%f ')"

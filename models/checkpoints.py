@@ -45,7 +45,7 @@ def _names(folder: Path, what: str, spec: str, kind: str) -> list[str]:
     if not folder.exists():
         if kind == "reference":
             raise FileNotFoundError(f"{what} {spec!r}: {folder}: no such folder, so not a model bundle; train one "
-                                    "with `ssdgen dev train-reference`")
+                                    "with `python -m lab train-reference` in a checkout")
         raise FileNotFoundError(f"{what} {spec!r}: {folder}: no such checkpoint folder")
     if not folder.is_dir():
         raise ValueError(f"{what} {spec!r}: {folder} is a file; give the checkpoint's folder")
@@ -66,7 +66,7 @@ def check_checkpoint(kind: str, path: str | None, spec: str) -> None:
         missing = [f for f in BUNDLE_FILES if f not in names]
         if missing:
             raise FileNotFoundError(f"{what} {spec!r}: {folder} is not a model bundle (no {', '.join(missing)}); "
-                                    "train one with `ssdgen dev train-reference`")
+                                    "train one with `python -m lab train-reference` in a checkout")
         return
     if "config.json" not in names:
         raise FileNotFoundError(f"{what} {spec!r}: {folder} has no config.json; give a Hugging Face checkpoint "

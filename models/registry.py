@@ -53,8 +53,8 @@ class Kind:
 
 
 KINDS = {k.name: k for k in (
-    Kind("reference", False, ("kv",), "the bundled reference model (the default), or a bundle from "
-                                     "`ssdgen dev train-reference`; kv= fp32, bf16 or fp16 (the KV cache's "
+    Kind("reference", False, ("kv",), "the bundled reference model (the default), or a bundle from the lab's "
+                                     "`python -m lab train-reference`; kv= fp32, bf16 or fp16 (the KV cache's "
                                      "precision; default the model's)"),
     Kind("janus", True, (), "a Janus checkpoint (local folder, safetensors)"),
     Kind("emu3", True, ("grid", "image_area"), "an Emu3 checkpoint; grid= (token rows x cols) or image_area= "

@@ -64,7 +64,7 @@ def load_bundle(path: Path | str | None = None, verify: bool = True) -> Bundle:
     path = Path(path) if path else DEFAULT_DIR
     if not (path / "checksums.json").exists():
         raise BundleError(f"{path}: no checksums.json; not a model bundle (train one with "
-                          "`ssdgen dev train-reference`)")
+                          "`python -m lab train-reference` in a checkout)")
     sums = json.loads((path / "checksums.json").read_text())
     for f in FILES:
         if not (path / f).exists():

@@ -114,7 +114,9 @@ def test_pareto_front_and_plot_with_quality(tiny_bench):
 def test_bench_html_renders_in_headless_chromium(tiny_bench, tmp_path):
     import numpy as np
     from PIL import Image
-    from ssdgen.bench.plots import bench_html, find_chromium, screenshot
+    from ssdgen.bench.plots import bench_html
+
+    from lab.bench.screenshot import find_chromium, screenshot
     if find_chromium() is None:
         if os.environ.get("CI"):  # .ci/run installs it: in CI a missing browser is a failure, not a skip
             pytest.fail("no chromium in CI")
@@ -175,7 +177,7 @@ def test_projection_per_image_time_kv_cap_and_cost():
 
 def test_projection_reads_an_older_bench_json_and_calibrates():
     from ssdgen.bench.projection import decoder_stats, project
-    from ssdgen.bench.projection_check import calibrate
+    from lab.bench.projection_check import calibrate
     bench = json.loads((ROOT / "tests/data/bench_v1_batch1.json").read_text())
     st = {s.decoder: s for s in decoder_stats(bench)}
     assert st["ar"].tokens_fed_per_forward == 1 and st["csd:window=16"].tokens_fed_per_forward == 16
@@ -188,7 +190,7 @@ def test_projection_reads_an_older_bench_json_and_calibrates():
     cal = calibrate(bench, cpu)
     assert len(cal["rows"]) == 3 and all(math.isfinite(r["error_pct"]) for r in cal["rows"])
     # several measured files (an eval JSON counts as a one-row bench); two constants fitted, the rest held out
-    from ssdgen.bench.projection_check import calibrate_fitted, merge_benches
+    from lab.bench.projection_check import calibrate_fitted, merge_benches
     merged = merge_benches([str(ROOT / "tests/data" / f) for f in ("bench_v1_batch1.json", "eval_csd_v1.json")])
     assert [r["source"] for r in merged["rows"]] == ["bench_v1_batch1.json"] * 3 + ["eval_csd_v1.json"]
     fit = calibrate_fitted(merged, cpu)

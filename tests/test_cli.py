@@ -1,4 +1,4 @@
-"""The CLI: its shape (fast, in process: users' commands in panels, maintainers' under `ssdgen dev`, help on
+"""The CLI: its shape (fast, in process: users' commands in panels, the maintainers' in the lab, help on
 every option, -h, --version, the listings, no default output inside the repository), and, in a subprocess,
 bad input turned into one clear error line and exit code 2, never a stack trace."""
 
@@ -12,7 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ssdgen.cli.app import DEV, PANELS, app
+from ssdgen.cli.app import PANELS, app
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = "a large red circle at the center on a flat gray background"
@@ -78,7 +78,6 @@ NOT_JSON, NO_ROWS = "not json", "{}"
     (["generate", "--prompts", "x.parquet", "--shard-size", "abc"], "Invalid value for '--shard-size'"),
     (["generate", "--prompts", "x.parquet", "--nosuchflag"], "No such option: --nosuchflag"),
     (["nosuchcommand"], "No such command 'nosuchcommand'"),
-    (["dev", "nosuch"], "No such command 'nosuch'"),
     (["projection"], "Missing option '--bench-json'"),
     # values checked before anything starts (the flow, a model load, an eval that ends by writing --json)
     (["generate", "--prompts", "x.parquet", "--ray-address", "notaurl"], "--ray-address 'notaurl': not a Ray"),
@@ -95,11 +94,6 @@ NOT_JSON, NO_ROWS = "not json", "{}"
     (["train-heads", "--steps", "-1", "--out", "/nonexistent/h"], "--steps must be >= 1, got -1"),
     (["eval-heads", "--n", "0"], "--n must be in 1..1024"),
     (["report", "/nonexistent/run", "--html", "/nonexistent/dir/r.html"], "--html /nonexistent/dir/r.html: no"),
-    (["dev", "host-time", "--batches", "x"], "--batches must be comma-separated integers, got 'x'"),
-    (["dev", "bench-plan", "--rows", "-1"], "--rows and --files must be >= 1"),
-    (["dev", "roofline", "--windows", "0"], "--windows must be comma-separated integers >= 1, got '0'"),
-    (["dev", "roofline", "--profile", "64"], "--profile must be BATCHxWINDOW, e.g. 64x1, got '64'"),
-    (["dev", "roofline", "--json", "/nonexistent/dir/r.json"], "--json /nonexistent/dir/r.json: no folder"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_every_refused_value_is_one_error_line(args, message, tmp_path):
     """A bad value given the way a user would (a typo, a negative number, a folder that is not there) is one
@@ -189,10 +183,10 @@ def commands(group=None, path=()):
 def test_every_option_and_argument_has_help_text():
     missing = [(" ".join(path), p.name) for path, cmd in commands() for p in cmd.params
                if not (getattr(p, "help", None) or "").strip()]
-    assert len(list(commands())) == sum(map(len, PANELS.values())) + len(DEV) and missing == []
+    assert len(list(commands())) == sum(map(len, PANELS.values())) and missing == []
 
 
-@pytest.mark.parametrize("path", [(), ("dev",)] + [path for path, _ in commands()], ids=" ".join)
+@pytest.mark.parametrize("path", [()] + [path for path, _ in commands()], ids=" ".join)
 def test_dash_h_is_help_on_the_app_and_every_command(path):
     short, long = (CliRunner().invoke(app, [*path, flag]) for flag in ("-h", "--help"))
     assert short.exit_code == 0 and long.exit_code == 0, short.output
@@ -212,15 +206,16 @@ def test_version_is_the_installed_distributions():
     assert r.exit_code == 0 and r.output == f"ssdgen {version('ssdgen')}\n"
 
 
-def test_help_lists_users_commands_in_panels_and_maintainers_under_dev():
+def test_help_lists_every_users_command_in_panels_and_no_maintainers_command():
+    """The maintainers' commands are the lab's (`python -m lab`, tests/test_lab.py): `ssdgen` has none of them."""
     root = typer.main.get_command(app)
     users = [n for names in PANELS.values() for n in names]
-    assert list(root.commands) == users + ["dev"]  # every command placed: none left in the default panel
-    assert set(root.commands["dev"].commands) == set(DEV) and not set(DEV) & set(users)
+    assert list(root.commands) == users  # every command placed: none left in the default panel
     assert {root.commands[n].rich_help_panel for n in users} == set(PANELS)
     out = CliRunner().invoke(app, ["--help"]).output
-    order = [out.index(s) for s in ("─ Run ", " generate ", "─ Decode and measure ", " sample ", " dev ")]
-    assert order == sorted(order) and " bench-plan " not in out and " train-reference " not in out
+    order = [out.index(s) for s in ("─ Run ", " generate ", "─ Decode and measure ", " sample ", " models ")]
+    assert order == sorted(order) and all(f" {n} " in out for n in users)
+    assert " dev " not in out and " bench-plan " not in out and " train-reference " not in out
 
 
 def test_serve_takes_every_setting_generate_takes_and_checks_them_first():
@@ -282,9 +277,8 @@ def test_no_default_output_path_writes_into_the_repository():
     inside = [(" ".join(path), p.name, p.default) for path, cmd in commands() for p in cmd.params
               if p.name in OUTPUTS and p.default is not None and Path(str(p.default)).parts[0] in repo]
     assert inside == []
-    for path in (("train-heads",), ("dev", "figures"), ("dev", "train-reference"), ("dev", "train-scorer")):
-        r = CliRunner().invoke(app, list(path))
-        assert r.exit_code == 2 and "Missing option '--out'" in r.output, path
+    r = CliRunner().invoke(app, ["train-heads"])
+    assert r.exit_code == 2 and "Missing option '--out'" in r.output
 
 
 def test_no_default_input_path_reads_from_the_checkout():

@@ -113,7 +113,7 @@ def test_the_model_steps_match_sdpa(tmp_path, monkeypatch):
 
 @needs_loop
 def test_a_profile_names_the_loop():
-    """torch.profiler cannot look into the C call: it is labelled, so `ssdgen dev roofline --profile` shows it."""
+    """torch.profiler cannot look into the C call: it is labelled, so `python -m lab roofline --profile` shows it."""
     from torch.profiler import ProfilerActivity, profile
     q, k, v, mask = _case(2, 2, 1, 10, 32)
     with profile(activities=[ProfilerActivity.CPU]) as prof:

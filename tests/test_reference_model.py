@@ -52,8 +52,9 @@ def test_greedy_speculative_equals_greedy_ar_on_the_reference_model(ref_model, n
 
 def test_scorer_is_trustworthy(ref_model):
     from ssdgen.reference.scorer import load_scorer
-    from ssdgen.reference.validate_scorer import validate
-    res = validate(load_scorer(), ref_model.vq, n=1024, seed=0)  # the README's `ssdgen dev eval-scorer` figure
+
+    from lab.reference.validate_scorer import validate
+    res = validate(load_scorer(), ref_model.vq, n=1024, seed=0)  # the README's `python -m lab eval-scorer` figure
     assert res["renders"]["scene_accuracy"] >= 0.98
     assert res["reconstructions"]["scene_accuracy"] >= 0.95
     assert res["shuffled_captions"]["scene_accuracy"] <= 0.05

@@ -1,4 +1,4 @@
-"""`ssdgen dev roofline` (bench/roofline.py): what a step of the reference model moves and computes, against
+"""`python -m lab roofline` (lab/bench/roofline.py): what a step of the reference model moves and computes, against
 what the machine can do. The arithmetic is checked against the model's own cache and weights; the timings only
 for being there (speeds come from the command on a quiet machine, docs/benchmarks.md, never from a test)."""
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ssdgen.bench import roofline
+from lab.bench import roofline
 from ssdgen.models.registry import load_model
 
 
@@ -47,9 +47,9 @@ def test_the_table_has_every_cell_and_the_cli_writes_it(model, tmp_path):
 
     from typer.testing import CliRunner
 
-    from ssdgen.cli.app import app
+    from lab.cli import app
     out = tmp_path / "r.json"
-    r = CliRunner().invoke(app, ["dev", "roofline", "--batches", "1", "--windows", "1", "--repeats", "1",
+    r = CliRunner().invoke(app, ["roofline", "--batches", "1", "--windows", "1", "--repeats", "1",
                                  "--json", str(out), "--profile", "1x1"])
     assert r.exit_code == 0, r.output
     assert "of roof" in r.stdout and "Self CPU" in r.stdout  # the table, then the profiled step's ops

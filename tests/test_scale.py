@@ -1,6 +1,6 @@
 """Millions of prompts in one run: the lazy shard plan, the streaming row reader, markers streamed from storage, the
 group ranges and errors of the bounded window (fast); and, slow, 2,000 shards with the tiny model: the driver's
-memory stays flat (through `ssdgen dev bench-scale`), and a driver killed mid-run then rerun commits every
+memory stays flat (through `python -m lab bench-scale`), and a driver killed mid-run then rerun commits every
 prompt_id exactly once."""
 
 import json
@@ -138,9 +138,9 @@ def test_a_group_raises_the_worst_error_of_its_shards():
 def test_driver_memory_stays_flat_over_2000_shards(tmp_path):
     """Today's (per-shard Prefect tasks) driver grew ~5 GB over this run; the bound is a tenth of that."""
     from typer.testing import CliRunner
-    from ssdgen.cli import app
+    from lab.cli import app
     js, png = tmp_path / "bs.json", tmp_path / "rss.png"
-    r = CliRunner().invoke(app, ["dev", "bench-scale", "--n", "20000", "--shard-size", "10", "--actors",
+    r = CliRunner().invoke(app, ["bench-scale", "--n", "20000", "--shard-size", "10", "--actors",
                                  "2", "--json", str(js), "--plot", str(png)])
     assert r.exit_code == 0, r.output
     res = json.loads(js.read_text())

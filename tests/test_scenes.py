@@ -97,7 +97,7 @@ def test_eval_set_is_fixed_balanced_and_versioned():
 
 
 def test_training_scenes_hold_out_eval_captions():
-    from ssdgen.reference.train_data import _render_chunk
+    from ssdgen.reference.scene_sets import _render_chunk
     held = eval_captions()
     _, _, caps = _render_chunk((123, 0, 300, 64))
     assert not held & set(caps)
@@ -106,7 +106,7 @@ def test_training_scenes_hold_out_eval_captions():
 def test_object_colour_finds_the_rendered_objects_tokens():
     # the commit-map regions (reference/commit_maps.py) detect objects by colour; check it on renders whose
     # object coverage is known: token-level precision and recall against patches with >= 2 covered pixels
-    from ssdgen.reference.commit_maps import object_tokens
+    from lab.reference.commit_maps import object_tokens
     rng = np.random.default_rng(11)
     hit = pred = true = 0
     for _ in range(200):

@@ -11,7 +11,7 @@ import pytest
 
 from ssdgen.decoders.spec import DecodeSpec
 from ssdgen.bench.decode import bench
-from ssdgen.bench.shape_replay import run as replay
+from lab.bench.shape_replay import run as replay
 from tiny import tiny_model, tiny_with_heads
 
 ROOT = Path(__file__).resolve().parents[1]

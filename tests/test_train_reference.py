@@ -1,4 +1,4 @@
-"""`ssdgen dev train-reference` on a tiny config: a resumed run continues bit-identically, the object-weighted
+"""`python -m lab train-reference` on a tiny config: a resumed run continues bit-identically, the object-weighted
 loss weights what it says, and a checkpoint written with other settings is refused."""
 
 from dataclasses import replace
@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from ssdgen.reference.gpt import GPT, GPTConfig
-from ssdgen.reference.train import TrainConfig, train_reference
-from ssdgen.reference.train_gpt import GPTTrainConfig
+from lab.reference.train import TrainConfig, train_reference
+from lab.reference.train_gpt import GPTTrainConfig
 from ssdgen.reference.vqvae import VQConfig
 
 TINY = TrainConfig(n_images=48, vq_steps=3, vq_batch=8, curve_prompts=0, vq=VQConfig(codebook_size=16, code_dim=4,

@@ -1,6 +1,6 @@
-"""The `ssdgen` command line, the only package that imports Typer: run commands (run.py), decode and measure
-commands (decode.py), maintainer commands under `ssdgen dev` (dev.py), the listings (catalog.py), and the parsing
-of options into typed settings (options.py). app.py puts them on one app."""
+"""The `ssdgen` command line, the only package of ssdgen that imports Typer: run commands (run.py), decode and
+measure commands (decode.py), the listings (catalog.py), and the parsing of options into typed settings
+(options.py). app.py puts them on one app. The maintainers' commands are the lab's (`python -m lab`, lab/cli.py)."""
 
 import os as _os
 import signal as _signal

@@ -1,10 +1,10 @@
 """The `ssdgen` command line: one Typer app holding the run commands (run.py), the decode and measure commands
-(decode.py), the maintainers' (dev.py) and the listings of what a spec can name (catalog.py). Arguments are parsed
-at that edge into typed configs; errors users can cause print one clear line and exit 2 (options.py).
+(decode.py) and the listings of what a spec can name (catalog.py). Arguments are parsed at that edge into typed
+configs; errors users can cause print one clear line and exit 2 (options.py).
 
-This module decides how `ssdgen --help` shows them: users' commands first, in the "Run" and "Decode and measure"
-panels, and the maintainers' (training the reference model, its scorer, the docs' figures, the pipeline
-benchmarks) under `ssdgen dev`.
+This module decides how `ssdgen --help` shows them: in the "Run" and "Decode and measure" panels. The
+maintainers' commands (training the reference model, its scorer, the docs' figures, the research benchmarks) are
+the lab's, run from a checkout (`python -m lab`, lab/cli.py), and not installed.
 """
 
 from __future__ import annotations
@@ -16,20 +16,15 @@ import sys
 import typer
 from typer.core import TyperGroup
 
-from ssdgen.cli import catalog, decode as decode_commands, dev as dev_commands, run as run_commands
+from ssdgen.cli import catalog, decode as decode_commands, run as run_commands
 
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
-# panel -> its commands, in the order `ssdgen --help` lists them; DEV's go under `ssdgen dev`
+# panel -> its commands, in the order `ssdgen --help` lists them
 PANELS = {
     "Run": ("generate", "serve", "status", "verify", "export", "report", "demo"),
     "Decode and measure": ("sample", "eval", "bench", "fidelity", "calibrate", "projection", "train-heads",
                            "eval-heads", "decoders", "models"),
 }
-DEV = ("train-reference", "train-scorer", "eval-scorer", "tokenizer-report", "figures", "bench-plan",
-       "bench-pipeline", "bench-scaling", "bench-scale", "shard-overhead", "formats", "shape-replay",
-       "projection-check", "host-time", "roofline", "screenshot", "eval-set")
-DEV_PANEL = "Maintainers"
-
 
 
 class OneLineErrors(TyperGroup):
@@ -63,9 +58,6 @@ def _one_line():
 app = typer.Typer(cls=OneLineErrors, add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings=HELP_OPTIONS,
                   help="ssdgen: batch image generation with speculative decoders for AR image transformers.")
-dev = typer.Typer(no_args_is_help=True, context_settings=HELP_OPTIONS,
-                  help="Maintainer commands: train and check the reference model, its scorer and tokenizer, draw "
-                       "the docs' figures, benchmark the pipeline (docs/benchmarks.md, docs/reference-model.md).")
 
 
 def command_name(info) -> str:
@@ -82,17 +74,16 @@ def first_sentence(doc: str | None) -> str | None:
 
 
 def _place(infos: list) -> None:
-    """Every command onto `app` (in its panel, in PANELS' order) or onto `dev`; one that no table names still
-    goes on `app`, in the default panel, where tests/test_cli.py notices it."""
+    """Every command onto `app`, in its panel, in PANELS' order; one that no panel names still goes on `app`, in
+    the default panel, where tests/test_cli.py notices it."""
     by_name = {command_name(i): i for i in infos}
-    placed = [(by_name.pop(n), panel, app) for panel, names in PANELS.items() for n in names if n in by_name]
-    placed += [(by_name.pop(n), None, dev) for n in DEV if n in by_name]
-    placed += [(i, None, app) for i in by_name.values()]
-    for info, panel, target in placed:
+    placed = [(by_name.pop(n), panel) for panel, names in PANELS.items() for n in names if n in by_name]
+    placed += [(i, None) for i in by_name.values()]
+    for info, panel in placed:
         info.rich_help_panel = panel
         info.short_help = info.short_help or first_sentence(info.help or info.callback.__doc__)
         info.context_settings = {**(info.context_settings or {}), **HELP_OPTIONS}
-        target.registered_commands.append(info)
+        app.registered_commands.append(info)
 
 
 def _version(value: bool) -> None:
@@ -114,9 +105,8 @@ def _root(version: bool = typer.Option(False, "--version", is_eager=True, callba
     """The app's own options (the help text is the Typer app's)."""
 
 
-_place([i for group in (run_commands, decode_commands, dev_commands, catalog)
+_place([i for group in (run_commands, decode_commands, catalog)
         for i in group.app.registered_commands])
-app.add_typer(dev, name="dev", rich_help_panel=DEV_PANEL)
 
 
 def main():

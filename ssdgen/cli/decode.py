@@ -326,7 +326,7 @@ def train_heads_cmd(model: Optional[str] = MODEL, out: str = typer.Option(
     if prompts is not None:
         captions = [line.strip() for line in prompts.read_text().splitlines() if line.strip()]
     elif ModelSpec.parse(model).kind == "reference":
-        from ssdgen.reference.train_data import build_dataset
+        from ssdgen.reference.scene_sets import build_dataset
         _, _, captions = build_dataset(n_images, seed + 99)  # training-distribution captions, eval set held out
     else:
         raise ValueError("--prompts-file is required for Hugging Face models")

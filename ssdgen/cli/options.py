@@ -1,5 +1,5 @@
 """What every `ssdgen` command shares: user errors as one line, the decode-spec and model options, and the
-edge where their text is parsed into typed configs (the commands live in run.py, decode.py, dev.py and catalog.py;
+edge where their text is parsed into typed configs (the commands live in run.py, decode.py and catalog.py;
 app.py puts them on one app).
 
 Errors users can cause (bad captions, bad parameters, missing files) print one clear line and exit 2;

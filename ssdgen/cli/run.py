@@ -234,7 +234,7 @@ def demo(settings: RunSettings):
     import io
     import numpy as np
     from PIL import Image
-    from ssdgen.reference.figures import captioned_grid
+    from ssdgen.reference.grid import captioned_grid
     from ssdgen.output.reader import open_run
     _run(settings, overwrite=False, progress=True)  # a second `make demo` finds nothing to do and ends at once
     rows = [r for r in open_run(settings.out, columns=["prompt", "image"]).to_table().to_pylist() if r["image"]]

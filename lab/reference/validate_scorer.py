@@ -1,4 +1,4 @@
-"""`ssdgen dev eval-scorer`: how far the scene-accuracy scorer can be trusted.
+"""`python -m lab eval-scorer`: how far the scene-accuracy scorer can be trusted.
 
 On held-out renders of the 1,024 eval captions (captions the scorer never trained on) it must call
 nearly every scene correct; on the tokenizer's reconstructions of those renders it must still do so
@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .evaluate import real_images
-from .prompts import eval_prompts
-from .scorer import score
+from ssdgen.reference.evaluate import real_images
+from ssdgen.reference.prompts import eval_prompts
+from ssdgen.reference.scorer import score
 
 
 def validate(net, vq, n: int = 1024, seed: int = 0) -> dict:

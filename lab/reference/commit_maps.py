@@ -21,8 +21,8 @@ import numpy as np
 
 from ssdgen.decoders.sample_stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
 
-from . import captions as cap
-from .scenes import SMOOTH_BACKGROUNDS
+from ssdgen.reference import captions as cap
+from ssdgen.reference.scenes import SMOOTH_BACKGROUNDS
 
 SATURATION = 0.65  # between the background colours' (<= 0.51) and the object colours' (>= 0.75)
 BRIGHT = 0.4  # pixels darker than this (max channel) are never called object

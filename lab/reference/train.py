@@ -1,8 +1,8 @@
-"""`ssdgen dev train-reference`: train the VQ tokenizer and the AR model from scratch, resumably.
+"""`python -m lab train-reference`: train the VQ tokenizer and the AR model from scratch, resumably.
 
 Stages, each deterministic from the seed: render a training set of scenes (eval captions held out), train
 the VQ-VAE (or take one from an existing bundle), tokenize the set once, then train the AR transformer
-(reference/train_gpt.py) with checkpoints in a work folder, so the run can be spread over sittings.
+(lab/reference/train_gpt.py) with checkpoints in a work folder, so the run can be spread over sittings.
 `PRESETS` names each shipped model's settings: v2 (64-pixel renders, 16x16 tokens, from scratch) and v3
 (128-pixel renders, 32x32 tokens, warm-started from v2's transformer and tokenizer).
 Weights are written as safetensors with a JSON config and a SHA-256 manifest that loading checks.
@@ -25,17 +25,19 @@ from tqdm import tqdm
 
 from ssdgen.decoders import build
 from ssdgen.decoders.spec import DecodeSpec
+# imported up front: a long run must not pick up code edited while it trains
+from ssdgen.reference.evaluate import generate
+from ssdgen.reference.gpt import GPTConfig
+from ssdgen.reference.model import ReferenceModel
+from ssdgen.reference.prompts import eval_prompts
+from ssdgen.reference.scene_sets import build_dataset
+from ssdgen.reference.scorer import load_scorer, score
+from ssdgen.reference.vqvae import VQVAE, VQConfig
+from ssdgen.reference.weights import BUNDLE_NAME, load_bundle, save_bundle, sha256
 
 from .figures import learning_curve_plot
-from .evaluate import generate  # imported up front: a long run must not pick up code edited while it trains
-from ssdgen.reference.model import ReferenceModel
-from .prompts import eval_prompts
-from .scorer import load_scorer, score
-from .train_data import build_dataset, cached_tokenized_set
-from .gpt import GPTConfig
+from .train_data import cached_tokenized_set
 from .train_gpt import GPTTrainConfig, cosine_lr, train_gpt
-from .vqvae import VQVAE, VQConfig
-from .weights import BUNDLE_NAME, load_bundle, save_bundle, sha256
 
 
 @dataclass(frozen=True)

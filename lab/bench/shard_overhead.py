@@ -1,4 +1,4 @@
-"""Where a shard's overhead goes (`ssdgen dev shard-overhead`), piece by piece, as bench-scale runs a shard: the
+"""Where a shard's overhead goes (`python -m lab shard-overhead`), piece by piece, as bench-scale runs a shard: the
 tiny model, `ar`, one Ray task per shard (batch = shard size), local files.
 
 bench-scale's per-shard overhead is the actors' time not spent decoding: (actors x steady wall - busy) / shards.
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import pickle
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -66,13 +64,13 @@ def run(shards: int = 40, shard_size: int = 256, workdir: str | None = None, log
     from ssdgen.flows.settings import RunSettings
     from ssdgen.formats import write_shard
     from ssdgen.workers.decode_worker import DecodeWorker
+
+    from lab.bench.scale import write_inputs_apart
     if shards < 2 or shard_size < 1:
         raise ValueError("--shards must be >= 2 and --shard-size >= 1")
     work = Path(workdir or tempfile.mkdtemp(prefix="ssdgen-shard-overhead-"))
     work.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from ssdgen.bench.scale import "
-                    "write_inputs; write_inputs(Path(sys.argv[1]), int(sys.argv[2]))", str(work),
-                    str(shards * shard_size)], check=True)
+    write_inputs_apart(work, shards * shard_size)
     cfg = RunSettings(prompts=[str(work / "prompts.parquet")], out=str(work / "out"), decoder="ar",
                       model=f"reference:{work / 'model'}", shard_size=shard_size, batch_size=shard_size, actors=1)
     files = list_inputs(list(cfg.prompts))

@@ -1,4 +1,5 @@
-"""The training set: rendered scenes (eval captions held out), tokenized once, cached as safetensors.
+"""The training set: rendered scenes (eval captions held out, ssdgen.reference.scene_sets), tokenized once,
+cached as safetensors.
 
 A sample is its caption ids [36], its image codes [g*g] and the object coverage of each code's 4x4 patch
 [g*g] (0..255), which weights the AR model's loss towards the tokens that carry the caption's meaning; g is
@@ -9,7 +10,6 @@ Rendering and tokenizing are deterministic from (n, seed, size, VQ weights), whi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -18,42 +18,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from . import captions as cap
-from .prompts import eval_captions
-from .scenes import render, sample_scene
-from .vqvae import VQVAE
-
-
-def _render_chunk(args: tuple[int, int, int, int]) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    seed, start, count, size = args
-    held_out = eval_captions()
-    imgs, masks, caps = [], [], []
-    rng = np.random.default_rng([seed, start])
-    while len(caps) < count:
-        scene = sample_scene(rng)
-        if scene.caption in held_out:
-            continue
-        img, mask = render(scene, with_mask=True, size=size)
-        imgs.append(img)
-        masks.append(mask)
-        caps.append(scene.caption)
-    return np.stack(imgs), np.stack(masks), caps
-
-
-def build_dataset(n: int, seed: int, workers: int = 2, size: int = 64) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Render n training scenes -> (uint8 images [n, size, size, 3], object masks [n, size, size], captions).
-    Chunks are seeded, so the result does not depend on the number of workers; a scene is the same at any size."""
-    chunk = 2000
-    jobs = [(seed, s, min(chunk, n - s), size) for s in range(0, n, chunk)]
-    if len(jobs) == 1 or workers <= 1:  # no pool for one chunk
-        parts = [_render_chunk(j) for j in jobs]
-    else:
-        # spawn, not fork: a forked worker of a process with threads (Ray's, Prefect's, torch's) can inherit a
-        # lock held at the fork and hang for good (seen: a pool worker stuck in SemLock.__enter__)
-        with get_context("spawn").Pool(workers) as pool:
-            parts = list(tqdm(pool.imap(_render_chunk, jobs), total=len(jobs), desc="render", unit="chunk"))
-    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-            [c for p in parts for c in p[2]])
+from ssdgen.reference import captions as cap
+from ssdgen.reference.scene_sets import build_dataset
+from ssdgen.reference.vqvae import VQVAE
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ The small ops (norms, RoPE, the mask, softmax, the residual adds) and Python are
 are what a faster step removes, so the fraction `roof / step` is the share of the step the hardware had to
 spend. Steps are timed on the model itself, random tokens at fixed positions, best and median of repeats.
 
-    ssdgen dev roofline [--batches 1,4,16,64,256] [--windows 1,2,4,8] [--repeats 7] [--json F] [--profile 64x1]
+    python -m lab roofline [--batches 1,4,16,64,256] [--windows 1,2,4,8] [--repeats 7] [--json F] [--profile 64x1]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from ssdgen.bench.host_time import conditions
+from lab.bench.host_time import conditions
 
 def mid_image(gpt) -> int:
     """The image token the timed step is at: half the grid (128 of v2's 256, 512 of v3's 1,024), so the cache
@@ -143,7 +143,7 @@ def run(model, batches: list[int], windows: list[int], repeats: int) -> dict:
             r = cell(model, bw, batch, window, repeats)
             rows.append(r)
             print(format_row(r), flush=True)
-    return {"what": "the reference model's step against the roof (bench/roofline.py)", "model": model.name,
+    return {"what": "the reference model's step against the roof (lab/bench/roofline.py)", "model": model.name,
             "dtype": str(model.dtype), "kv_dtype": model.capabilities.kv_dtype, "position": mid_image(model.gpt),
             "read_gb_per_s": bw / 1e9, "repeats": repeats, "conditions": conditions(), "rows": rows}
 

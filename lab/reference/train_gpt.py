@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from . import captions as cap
-from .gpt import GPT, GPTConfig
+from ssdgen.reference import captions as cap
+from ssdgen.reference.gpt import GPT, GPTConfig
+
 from .train_data import TokenizedSet
 
 LATEST, MODEL_FILE, ADAM_FILE = "latest", "gpt.safetensors", "adamw.safetensors"

@@ -1,4 +1,4 @@
-"""`ssdgen dev tokenizer-report`: how well the VQ tokenizer reconstructs, and how tokens relate to neighbours.
+"""`python -m lab tokenizer-report`: how well the VQ tokenizer reconstructs, and how tokens relate to neighbours.
 
 - PSNR of render -> codes -> pixels, per background kind, on held-out renders of the eval captions;
 - how often a token equals its upper neighbour and its left neighbour, on tokenized renders, overall and
@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .evaluate import real_scene
-from .prompts import eval_prompts
-from .scenes import BACKGROUNDS, SMOOTH_BACKGROUNDS, render
+from ssdgen.reference.evaluate import real_scene
+from ssdgen.reference.prompts import eval_prompts
+from ssdgen.reference.scenes import BACKGROUNDS, SMOOTH_BACKGROUNDS, render
 
 
 def neighbour_agreement(codes: np.ndarray) -> dict[str, float]:

@@ -11,7 +11,7 @@ those grids: anything said about them from this is an extrapolation and is label
 `projection_error` compares `bench.projection`'s roofline estimate for the same model size, decoder and
 batch with the replayed measurement, so the projection's error on this device is known.
 
-    ssdgen dev shape-replay BENCH_JSON OUT_JSON [--device cuda] [--shapes janus-pro-1b,janus-pro-7b]
+    python -m lab shape-replay BENCH_JSON OUT_JSON [--device cuda] [--shapes janus-pro-1b,janus-pro-7b]
                                  [--budget-s 240] [--tiny]
 """
 

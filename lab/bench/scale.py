@@ -1,4 +1,4 @@
-"""`ssdgen dev bench-scale`: the generation flow over many prompts with a tiny model, so that decoding costs almost
+"""`python -m lab bench-scale`: the generation flow over many prompts with a tiny model, so that decoding costs almost
 nothing and what is measured is the orchestration: wall time, images/s, per-shard overhead, actor utilisation,
 and the resident memory of the driver and of each actor, sampled over the run.
 
@@ -19,7 +19,7 @@ Figures (JSON keys):
   - actor_utilization: summed busy seconds / (actors x steady-state wall).
   - overhead_split: the same time per shard from the sitting's markers, without startup and the run's end:
     fed (the actor had shards queued: Ray's round trip, pickling) and starved (it had none: the driver lagged);
-    `ssdgen dev shard-overhead` times a shard's pieces one by one.
+    `python -m lab shard-overhead` times a shard's pieces one by one.
   - commit_latency_ms_mean / _max: driver time from a shard's last batch coming back to its commit marker
     being written (the write happens while the actor decodes its next shard).
   - driver_rss_mb_first_tenth / _last_tenth: the driver's mean RSS over the first and the last tenth of the
@@ -106,6 +106,14 @@ def write_inputs(work: Path, n: int) -> tuple[Path, Path]:
     pq.write_table(table, work / "prompts.parquet")
     done.write_text(str(n))
     return work / "model", work / "prompts.parquet"
+
+
+def write_inputs_apart(work: Path, n: int) -> None:
+    """`write_inputs` in a process of its own, which imports the lab from this checkout."""
+    checkout = str(Path(__file__).resolve().parents[2])
+    subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[3]); from pathlib import Path; "
+                    "from lab.bench.scale import write_inputs; write_inputs(Path(sys.argv[1]), int(sys.argv[2]))",
+                    str(work), str(n), checkout], check=True)
 
 
 def busy_committed(out: str) -> tuple[int, float]:
@@ -224,9 +232,7 @@ def run(n: int = 200_000, shard_size: int = 10, actors: int = 2, batch_size: int
     try:
         # in a process of its own: building n prompts here would leave the driver's heap (the figure measured)
         # hundreds of MB larger for 1 M+ prompts
-        subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from ssdgen.bench.scale "
-                        "import write_inputs; write_inputs(Path(sys.argv[1]), int(sys.argv[2]))", str(work), str(n)],
-                       check=True)
+        write_inputs_apart(work, n)
         model, prompts = work / "model", work / "prompts.parquet"
         before, before_busy = busy_committed(str(work / "run"))
         log(f"{n} prompts, shard size {shard_size}, {actors} actor(s), tiny model at {model}"

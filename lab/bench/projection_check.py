@@ -1,8 +1,8 @@
 """The projection's method checked against benches measured on this machine: this device's bandwidth and
 FLOP/s measured by a copy / matmul microbenchmark, the roofline applied to the bench's own model, and the
-error of the predicted s/image against the measured one (bench/projection.py says what is projected).
+error of the predicted s/image against the measured one (ssdgen's bench/projection.py says what is projected).
 
-    ssdgen dev projection-check BENCH.json [BENCH2.json ...] [--out OUT.json] [--device cuda] [--repeats 3]
+    python -m lab projection-check BENCH.json [BENCH2.json ...] [--out OUT.json] [--device cuda] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .projection import (LABEL, Accelerator, ModelSpec, Roofline, _reference_info, as_bench, decoder_stats,
-                         project_one)
+from ssdgen.bench.projection import (LABEL, Accelerator, ModelSpec, Roofline, _reference_info, as_bench,
+                                     decoder_stats, project_one)
 
 
 # --------------------------------------------------------------------------------------- calibration

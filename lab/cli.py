@@ -1,5 +1,7 @@
-"""Maintainer commands, under `ssdgen dev`: training the reference model and its scorer, the tokenizer report, the
-docs' figures and the pipeline benchmarks (docs/reference-model.md, docs/benchmarks.md)."""
+"""The lab's command line, `python -m lab COMMAND` from a checkout (what `ssdgen dev` was): training the reference
+model and its scorer, the tokenizer report, the docs' figures and the research benchmarks (docs/reference-model.md,
+docs/benchmarks.md, docs/pipeline.md). Same command names and options as before; errors are one line, as the
+product's (ssdgen/cli/options.py `friendly`)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,14 @@ from typing import Optional
 
 import typer
 
+from ssdgen.cli.app import HELP_OPTIONS, OneLineErrors, first_sentence
 from ssdgen.cli.options import DECODER, MODEL, SPEC_HELP, friendly, model_on, spec_of
 
-app = typer.Typer()
+app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+                  context_settings=HELP_OPTIONS,
+                  help="The lab (python -m lab, from a checkout): train and check the reference model, its scorer "
+                       "and tokenizer, draw the docs' figures, benchmark the pipeline and the step "
+                       "(docs/benchmarks.md, docs/reference-model.md).")
 # the bundled model's VQ by default: found in the installed package, never relative to the working folder
 VQ = typer.Option(None, help="VQ-VAE weights (default: the bundled model's)")
 
@@ -23,7 +30,7 @@ def _load_vq(vq: Path | None):
     from ssdgen.reference.weights import DEFAULT_DIR
     vq = vq or Path(DEFAULT_DIR) / "vq.safetensors"
     if not vq.is_file():
-        raise FileNotFoundError(f"{vq}: no VQ-VAE weights (run `ssdgen dev train-reference` first)")
+        raise FileNotFoundError(f"{vq}: no VQ-VAE weights (run `python -m lab train-reference` first)")
     vqm = VQVAE(VQConfig())
     vqm.load_state_dict(load_file(vq), strict=True)
     return vqm.eval()
@@ -36,7 +43,7 @@ def bench_plan_cmd(rows: int = typer.Option(10_000_000, help="synthetic prompt r
                    workdir: Optional[str] = typer.Option(None, help="where the synthetic Parquet goes (kept)"),
                    json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
     """Planning benchmark: list and shard synthetic prompt Parquet from metadata only (bars: 60 s, 2 GB)."""
-    from ssdgen.bench.plan import run
+    from lab.bench.plan import run
     res = run(rows=rows, files=files, workdir=workdir)
     typer.echo(json.dumps(res, indent=1))
     if json_path:
@@ -52,7 +59,7 @@ def bench_pipeline_cmd(n: int = typer.Option(128, help="prompts"),
                        shard_size: int = typer.Option(32, help="rows per shard"),
                        json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
     """Pipeline overhead: `generate` end to end vs the bare decoder loop (same decoder, batch, threads)."""
-    from ssdgen.bench.pipeline import run
+    from lab.bench.pipeline import run
     res = run(n=n, decoder=decoder, batch_size=batch_size, threads=threads, shard_size=shard_size, log=typer.echo)
     typer.echo(json.dumps(res, indent=1))
     if json_path:
@@ -69,7 +76,7 @@ def bench_scaling_cmd(sides: str = typer.Option("8,16,32", help="grid sides n"),
                       plot: Optional[Path] = typer.Option(None, help="write the log-log plot (PNG) here"),
                       json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
     """SSD's scaling claim: forwards per image against grid side n, with a log-log plot."""
-    from ssdgen.bench.scaling import run
+    from lab.bench.scaling import run
     res = run(tuple(int(x) for x in sides.split(",")), n, reference_bench, plot and str(plot), log=typer.echo)
     typer.echo(json.dumps(res["loglog_slope"], indent=1))
     if json_path:
@@ -83,7 +90,7 @@ def shard_overhead_cmd(shards: int = typer.Option(40, help="shards to time (the 
                        json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
     """Where a shard's overhead goes, piece by piece, as bench-scale runs a shard: the driver's reads, pickling,
     tables, writes and commit; the actor's unpickling, decoding and pickling; Ray's own per task."""
-    from ssdgen.bench.shard_overhead import brief, run
+    from lab.bench.shard_overhead import brief, run
     res = run(shards=shards, shard_size=shard_size, log=typer.echo)
     typer.echo(brief(res))
     if json_path:
@@ -105,7 +112,7 @@ def bench_scale_cmd(n: int = typer.Option(200_000, help="prompts"),
                                                                        "default a temporary folder, removed after")):
     """Orchestration at scale: the flow over N prompts with a tiny model (decoding costs almost nothing); wall
     time, images/s, per-shard overhead, actor utilisation, and the driver's and actors' peak memory."""
-    from ssdgen.bench.scale import brief, dump, run
+    from lab.bench.scale import brief, dump, run
     res = run(n=n, shard_size=shard_size, actors=actors, batch_size=batch_size, decoder=str(spec_of(decoder)),
               plot=str(plot) if plot else None, workdir=workdir, log=typer.echo)
     typer.echo(brief(res))
@@ -136,7 +143,7 @@ def train_reference(out: Path = typer.Option(..., help="bundle directory to writ
                     curve_prompts: Optional[int] = typer.Option(None, help="eval prompts per curve point (0 = none)")):
     """Train the VQ tokenizer and the AR model (v2: about 4 hours on 2 CPU cores; resumable with --resume)."""
     from dataclasses import replace
-    from ssdgen.reference.train import PRESETS, train_reference as run
+    from lab.reference.train import PRESETS, train_reference as run
     if preset not in PRESETS:
         raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
     tc = replace(PRESETS[preset], seed=seed)
@@ -160,7 +167,7 @@ def train_scorer(out: Path = typer.Option(..., help="scorer weights file to writ
                  n_images: int = typer.Option(48_000, help="training renders"),
                  batch: int = typer.Option(128, help="images per optimiser step")):
     """Train the scene-accuracy / FD feature network on renders and the reference VQ's reconstructions."""
-    from ssdgen.reference.scorer import save_scorer, train_scorer as run
+    from lab.reference.train_scorer import save_scorer, train_scorer as run
     net = run(vq=_load_vq(vq), steps=steps, batch=batch, n_images=n_images, device=device, workers=workers)
     save_scorer(net, out)
     typer.echo(f"wrote {out}")
@@ -174,7 +181,7 @@ def eval_scorer(n: int = typer.Option(1024, help="held-out renders"),
                 vq: Optional[Path] = VQ):
     """Validate the scorer: held-out renders, their VQ reconstructions, and shuffled captions."""
     from ssdgen.reference.scorer import DEFAULT_PATH, load_scorer
-    from ssdgen.reference.validate_scorer import validate
+    from lab.reference.validate_scorer import validate
     res = validate(load_scorer(scorer or DEFAULT_PATH), _load_vq(vq), n)
     for k in ("renders", "reconstructions", "shuffled_captions"):
         r = res[k]
@@ -191,7 +198,7 @@ def tokenizer_report(n: int = typer.Option(1024, help="held-out renders"),
                      json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
                      model: Optional[str] = MODEL):
     """VQ reconstruction PSNR per background kind, and above/left token agreement on real renders."""
-    from ssdgen.reference.tokenizer_report import tokenizer_report as run
+    from lab.reference.tokenizer_report import tokenizer_report as run
     res = run(model_on(model).vq, n)
     typer.echo(json.dumps(res, indent=1))
     if json_path:
@@ -211,10 +218,11 @@ def figures(out: Path = typer.Option(..., help="folder for the PNGs and JSON (do
 
     from ssdgen.decoders import build
     from ssdgen.decoders.spec import DecodeSpec
-    from ssdgen.reference.commit_maps import content_awareness, overlay
     from ssdgen.reference.evaluate import generate
-    from ssdgen.reference.figures import captioned_grid
+    from ssdgen.reference.grid import captioned_grid
     from ssdgen.reference.prompts import eval_prompts
+
+    from lab.reference.commit_maps import content_awareness, overlay
     spec = spec_of(csd)
     m = model_on(model)  # on the CPU in fp32
     out.mkdir(parents=True, exist_ok=True)
@@ -244,7 +252,7 @@ def formats_cmd(n: int = typer.Option(256, help="images (the first n eval prompt
                 batch_size: int = typer.Option(32, help="prompts per decoder call"), model: Optional[str] = MODEL,
                 out: Optional[Path] = typer.Option(None, help="also write the rows as JSON here")):
     """Stored bytes per image in png, webp and jpeg: the same images through the pipeline's own encoder."""
-    from ssdgen.bench.formats import report
+    from lab.bench.formats import report
     if n < 1 or batch_size < 1:
         raise ValueError(f"--n and --batch-size must be >= 1, got {n} and {batch_size}")
     report(n, quality, batch_size, model, out, echo=typer.echo)
@@ -260,7 +268,7 @@ def shape_replay_cmd(bench_json: Path = typer.Argument(..., help="a `ssdgen benc
                      accelerator: Optional[str] = typer.Option(None, help="projection accelerator to compare with"),
                      tiny: bool = typer.Option(False, help="tiny shapes in fp32 (a CPU check of the command)")):
     """Time the forward shapes a bench recorded on random-weight models of production sizes (docs/benchmarks.md)."""
-    from ssdgen.bench.shape_replay import run
+    from lab.bench.shape_replay import run
     if not bench_json.is_file():
         raise FileNotFoundError(f"{bench_json}: no such bench JSON")
     res = run(str(bench_json), str(out_json), device, shapes, budget_s, accelerator, tiny)
@@ -274,7 +282,7 @@ def projection_check_cmd(bench_json: list[Path] = typer.Argument(..., help="benc
                          device: str = typer.Option("cpu", help="torch device whose bandwidth and FLOP/s to measure"),
                          repeats: int = typer.Option(3, help="measurements of the device; the best counts")):
     """The GPU projection's method checked against benches measured on this machine, error in % per row."""
-    from ssdgen.bench.projection_check import check
+    from lab.bench.projection_check import check
     missing = [str(p) for p in bench_json if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"{', '.join(missing)}: no such bench JSON")
@@ -288,7 +296,7 @@ def screenshot_cmd(page: Path = typer.Argument(..., help="a local HTML page (ben
                    width: int = typer.Option(1200, help="viewport width, px"),
                    height: int = typer.Option(1600, help="viewport height, px")):
     """Render an HTML page to PNG with headless Chromium (the docs' screenshots)."""
-    from ssdgen.bench.plots import screenshot
+    from lab.bench.screenshot import screenshot
     if not page.is_file():
         raise FileNotFoundError(f"{page}: no such page")
     typer.echo(screenshot(page, png, width, height))
@@ -319,7 +327,7 @@ def host_time_cmd(out: Optional[Path] = typer.Option(None, help="write the JSON 
     share of the model's step (docs/benchmarks.md)."""
     import torch
 
-    from ssdgen.bench.host_time import run, run_model
+    from lab.bench.host_time import run, run_model
     try:
         sizes = [int(b) for b in batches.split(",") if b.strip()]
     except ValueError:
@@ -362,8 +370,9 @@ def roofline_cmd(batches: str = typer.Option("1,4,16,64,256", help="comma-separa
     alone, its KV bytes and FLOPs, and the fraction of the roof it reaches (bench/roofline.py; quiet machine)."""
     import torch
 
-    from ssdgen.bench import roofline
     from ssdgen.cli.options import check_out_files
+
+    from lab.bench import roofline
     sizes, widths = _int_list("--batches", batches), _int_list("--windows", windows)
     if repeats < 1 or threads < 1:
         raise ValueError(f"--repeats and --threads must be >= 1, got {repeats} and {threads}")
@@ -380,3 +389,16 @@ def roofline_cmd(batches: str = typer.Option("1,4,16,64,256", help="comma-separa
     if json_out:
         json_out.write_text(json.dumps(res, indent=1))
         typer.echo(f"wrote {json_out}")
+
+
+for _info in app.registered_commands:  # as the product's commands: a one-sentence listing, -h as --help
+    _info.short_help = _info.short_help or first_sentence(_info.help or _info.callback.__doc__)
+    _info.context_settings = {**(_info.context_settings or {}), **HELP_OPTIONS}
+
+
+def main():
+    app()
+
+
+if __name__ == "__main__":
+    main()

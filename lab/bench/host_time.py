@@ -16,7 +16,7 @@ change to the decoders means much. The run conditions (CPU count, torch threads,
 did before decoders/rng.py) and the counter-based streams, for an SJD window's uniforms and for a coupled
 window's new Gumbel rows (one per sample per forward).
 
-    ssdgen dev host-time [--out FILE.json] [--batches 1,64] [--repeats 5] [--codes 256] [--grid 8]
+    python -m lab host-time [--out FILE.json] [--batches 1,64] [--repeats 5] [--codes 256] [--grid 8]
                               [--threads 1]
 """
 

@@ -1,7 +1,7 @@
 """Stored bytes per image for each --image-format: the same images encoded as png, webp and jpeg by the pipeline's
 own encoder (workers.decode_worker.encode_image) at the CLI's default quality.
 
-    ssdgen dev formats [--n 256] [--quality 90] [--batch-size 32] [--model reference] [--out sizes.json]
+    python -m lab formats [--n 256] [--quality 90] [--batch-size 32] [--model reference] [--out sizes.json]
 
 The images are decoded once, with `ar`, from the first n eval prompts at their own seeds, so every format encodes
 the same pixels; the decode is not timed. Encoding is deterministic (fixed encoder options, no metadata), so the

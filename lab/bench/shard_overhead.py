@@ -87,7 +87,7 @@ def run(shards: int = 40, shard_size: int = 256, workdir: str | None = None, log
         c = time.perf_counter()
         rows = pickle.loads(blob)
         d = time.perf_counter()
-        res = worker.decode(rows, spec)
+        res = worker(rows)
         e = time.perf_counter()
         rblob = pickle.dumps(res, protocol=5)
         f = time.perf_counter()

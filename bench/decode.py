@@ -47,7 +47,7 @@ class ForwardCounter:
     (CFG's doubled batch included) and the query tokens per row. Wraps the instance's methods while active.
 
     While `recording`, each call is also appended to `trace` as [rows, tokens per row, context length]: the
-    forward shapes a decoder produced, which bench/shape_replay.py replays on bigger models."""
+    forward shapes a decoder produced, which lab/bench/shape_replay.py replays on bigger models."""
 
     def __init__(self, model):
         self.model = model

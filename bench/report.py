@@ -30,7 +30,7 @@ from ssdgen.workers.results import UNRECORDED
 
 from . import plots
 
-COMMIT_COLOURS = {  # RGB; the same colours as the docs' figures (reference/commit_maps.py)
+COMMIT_COLOURS = {  # RGB; the same colours as the docs' figures (lab/reference/commit_maps.py)
     COMMIT_AR: (128, 128, 128), COMMIT_ACCEPTED: (40, 170, 60), COMMIT_RESAMPLED: (220, 40, 40),
     COMMIT_BONUS: (60, 90, 230), COMMIT_RELAXED: (250, 210, 30),
 }

@@ -19,5 +19,5 @@ done
 echo "cores $(nproc), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 # #37 item 1 asks for the roofline table on both machine kinds: the default grid, as docs/benchmarks.md shows it
 timeout 300 "$PY" -m lab roofline || echo "machine probe: the roofline did not finish"
-timeout 300 "$PY" docs/results/roofline_37/kv_precision.py 0 "${1:-3}" || echo "machine probe: the step timing did not finish"
+timeout 300 "$PY" -m lab.results.roofline_37.kv_precision 0 "${1:-3}" || echo "machine probe: the step timing did not finish"
 exit 0

@@ -7,7 +7,7 @@
  * the value pass, so the memory stream does not stall between the passes. It reads at a plain read's speed.
  *
  * Windows of 2 or more queries stay with SDPA: versions of this loop for them measured slower than SDPA from 4
- * queries per row on (docs/benchmarks.md; docs/results/roofline_37/c_loop/windows_attempt.c).
+ * queries per row on (docs/benchmarks.md; lab/results/roofline_37/c_loop/windows_attempt.c).
  *
  * Same result as SDPA with a boolean mask up to float rounding: scale 1/sqrt(D), masked slots excluded. A query with
  * every slot masked gives zeros (the model never asks for one). Each (row, head) is computed by one thread in a fixed

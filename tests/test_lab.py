@@ -79,3 +79,11 @@ def test_python_m_lab_runs_from_the_checkout():
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert all(f" {name} " in r.stdout for name in ("train-reference", "roofline", "bench-scale")), r.stdout
+
+
+def test_docs_hold_no_code():
+    """docs/ holds pages and data (json, txt, logs, png, html): the scripts that made them are the lab's
+    (lab/results/), and no copy of shipped code (decode attention's C loop) lives there."""
+    code = {".py", ".sh", ".c", ".cc", ".cpp", ".h"}
+    found = [str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*") if p.suffix in code]
+    assert found == []

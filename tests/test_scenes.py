@@ -104,7 +104,7 @@ def test_training_scenes_hold_out_eval_captions():
 
 
 def test_object_colour_finds_the_rendered_objects_tokens():
-    # the commit-map regions (reference/commit_maps.py) detect objects by colour; check it on renders whose
+    # the commit-map regions (lab/reference/commit_maps.py) detect objects by colour; check it on renders whose
     # object coverage is known: token-level precision and recall against patches with >= 2 covered pixels
     from lab.reference.commit_maps import object_tokens
     rng = np.random.default_rng(11)

@@ -1,9 +1,9 @@
 """#37: attention as two batched matmuls over rows x heads (q @ k^T, the boolean mask, softmax, @ v) against
 SDPA (what reference/gpt.py calls), in the model at the head, for a second look after attention_layouts.py timed
 the batched matmuls faster than SDPA alone at the batch-64 shapes. One `model.step` at MID_IMAGE
-(bench/roofline.py) with each forward, interleaved, ROUNDS rounds of the median of 7 steps per cell.
+(lab/bench/roofline.py) with each forward, interleaved, ROUNDS rounds of the median of 7 steps per cell.
 
-    .venv/bin/python docs/results/roofline_37/bmm_attention.py 7
+    .venv/bin/python -m lab.results.roofline_37.bmm_attention 7
 """
 import math
 import statistics
@@ -13,7 +13,7 @@ import time
 import torch
 
 import ssdgen.reference.gpt as G
-from ssdgen.bench.roofline import step_time
+from lab.bench.roofline import step_time
 from ssdgen.models.registry import load_model
 
 CELLS = [(1, 1), (16, 1), (64, 1), (128, 1), (256, 1), (64, 4)]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # #25's frontier in one bench run: wall clock at batch 1, 4, 16, 64 and fidelity (NLL gap to ar on 64 prompts at
 # batch 16) for the lossless default, the lossless decoder with the fewest forwards, the ssd+csd default and
-# ssd+csd with the fewest forwards. Usage: docs/results/frontier_25/run.sh [OUTDIR]
+# ssd+csd with the fewest forwards. Usage: lab/results/frontier_25/run.sh [OUTDIR]
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${1:-docs/results/frontier_25}

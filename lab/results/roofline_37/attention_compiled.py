@@ -3,7 +3,7 @@
 one pass per (row, head) over its keys (scores, max), then exp, then one pass over its values. Reads the cache at
 15.6 GB/s where SDPA reads at 12.4 and a plain sum at 22.9; not landed (docs/benchmarks.md says why).
 
-    .venv/bin/python docs/results/roofline_37/attention_compiled.py
+    .venv/bin/python -m lab.results.roofline_37.attention_compiled
 """
 import time
 

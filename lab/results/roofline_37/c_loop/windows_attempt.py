@@ -2,7 +2,7 @@
 one-query loop plus a copy specialised for each window size, head size 32), against SDPA alone at the batch-64
 shapes over six layers' caches (a causal window at the last slots in use); first its outputs against SDPA's.
 5 rounds, median (min). Slower than SDPA from 4 queries on: not landed.
-    .venv/bin/python docs/results/roofline_37/c_loop/windows_attempt.py time
+    .venv/bin/python -m lab.results.roofline_37.c_loop.windows_attempt time
 """
 import ctypes
 import statistics

@@ -1,8 +1,8 @@
-"""#37: one `model.step` of the bundled model (fp32, CFG, at MID_IMAGE as `ssdgen dev roofline` sets it up) with
+"""#37: one `model.step` of the bundled model (fp32, CFG, at MID_IMAGE as `python -m lab roofline` sets it up) with
 attention as the C loop (reference/decode_attention.c) and as torch's SDPA (the loop switched off), interleaved:
 per round, the median of 7 steps each way; the ratio SDPA / loop per round, then the median and range over rounds.
 Also the process's user and system CPU seconds per way.
-    .venv/bin/python docs/results/roofline_37/c_loop/step_loop_vs_sdpa.py [ROUNDS]
+    .venv/bin/python -m lab.results.roofline_37.c_loop.step_loop_vs_sdpa [ROUNDS]
 """
 import resource
 import statistics
@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from ssdgen.bench.roofline import _times, mid_image_step
+from lab.bench.roofline import _times, mid_image_step
 from ssdgen.models.registry import load_model
 from ssdgen.reference import decode_attention as da
 

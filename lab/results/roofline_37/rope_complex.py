@@ -2,11 +2,11 @@
 real form it replaced (x1 cos - x2 sin and x1 sin + x2 cos stacked, per tensor), taken from the commit before:
 
     git show 4ffbc74~1:reference/gpt.py > /tmp/gpt_old.py    # the commit before RoPE changed
-    .venv/bin/python docs/results/roofline_37/rope_complex.py 9 /tmp/gpt_old.py
+    .venv/bin/python -m lab.results.roofline_37.rope_complex 9 /tmp/gpt_old.py
 
 1. per layer alone: one step's rotation of q and k at 2 and 128 rows (plain AR, batch 1 and 64 with CFG), the
    positions' table lookup included;
-2. in the model: one `model.step` at MID_IMAGE (bench/roofline.py) with each, the old forward methods swapped
+2. in the model: one `model.step` at MID_IMAGE (lab/bench/roofline.py) with each, the old forward methods swapped
    in, interleaved, ROUNDS rounds of the median of 7 steps per cell.
 """
 import importlib.util
@@ -18,7 +18,7 @@ from functools import partial
 import torch
 
 import ssdgen.reference.gpt as new
-from ssdgen.bench.roofline import step_time
+from lab.bench.roofline import step_time
 from ssdgen.models.registry import load_model
 
 CELLS = [(1, 1), (16, 1), (64, 1), (128, 1), (64, 4), (64, 8)]

@@ -2,7 +2,7 @@
 AR, each output line stamped as it arrives; the marks are lines every run prints. Before and after are timed
 alternately, `--rounds` times each, on a fresh --out (and the same Prefect home) every time.
 
-    python docs/results/startup_36/startup.py --rounds 3 BEFORE_SSDGEN AFTER_SSDGEN > startup.json
+    python -m lab.results.startup_36.startup --rounds 3 BEFORE_SSDGEN AFTER_SSDGEN > startup.json
 """
 
 import argparse

@@ -1,8 +1,10 @@
 #!/bin/bash
 # #37's before/after bench, on a quiet machine: e8a275e (before #37's step changes) against the checkout, and the
 # checkout with `--model reference:kv=bf16`, one round each, 3 repetitions in rotating order; then summarize.py.
-# Both write and read in the folder they are run from: this one for the first run, ../bench_head for the rerun at
-# 8b1a0c3 (cd ../bench_head && ../bench_before_after/run.sh && python3 ../bench_before_after/summarize.py).
+# Both write and read in the folder they are run from, the outputs' folder under docs/results/roofline_37:
+# bench_before_after for the first run, bench_head for the rerun at 8b1a0c3 and bench_loop for #37's C loop, e.g.
+#   cd docs/results/roofline_37/bench_head && L=../../../../lab/results/roofline_37 &&
+#   $L/bench_before_after/run.sh && python3 $L/bench_before_after/summarize.py
 # The `before` code is installed apart and put first on the path:
 #   git worktree add /tmp/before e8a275e && .venv/bin/pip install --no-deps --target /tmp/before_site /tmp/before
 # The planner's choices (cal_*.txt): `ssdgen calibrate --batch-sizes 1,16,64,128` under the same three, interleaved.

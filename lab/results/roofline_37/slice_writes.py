@@ -3,12 +3,12 @@ copy, against the index copy of whole vectors every step used before (reference/
 
 1. alone: one step's keys written into six layers' caches, warm (the lines in the CPU's caches) and cold (after a
    320 MB read, as in a step, whose attention reads the cache first);
-2. in the model: one `model.step` at MID_IMAGE (bench/roofline.py) with each (the index copy forced by swapping
+2. in the model: one `model.step` at MID_IMAGE (lab/bench/roofline.py) with each (the index copy forced by swapping
    `KVCache.slots` for its general form), interleaved, ROUNDS rounds of the median of 7 steps per cell, and the
    tokens of a plain-AR decode with each, which must be equal.
 
 Run on a quiet machine from the repository root:
-    .venv/bin/python docs/results/roofline_37/slice_writes.py 9
+    .venv/bin/python -m lab.results.roofline_37.slice_writes 9
 """
 import statistics
 import sys
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from ssdgen.bench.roofline import step_time
+from lab.bench.roofline import step_time
 from ssdgen.decoders.decoder import build
 from ssdgen.models.registry import load_model
 from ssdgen.reference.gpt import KVCache

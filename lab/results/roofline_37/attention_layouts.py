@@ -8,7 +8,7 @@ a plain sum (the floor) at the bundled model's batch-64 plain-AR shapes (128 row
   kv adjacent    one [B, H, 2, T, hd] (a (row, head)'s keys, then its values);
 3 rounds of the best of 7 steps, the layouts interleaved. GB/s counts the keys and values in use (260 MB).
 
-    .venv/bin/python docs/results/roofline_37/attention_layouts.py
+    .venv/bin/python -m lab.results.roofline_37.attention_layouts
 """
 import time
 

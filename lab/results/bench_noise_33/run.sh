@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # #33's bench checks (2026-12-03, 2 CPU cores): AR against AR on a quiet machine and beside a CPU-bound process,
-# and ar,ssd+csd where the plan decodes a batch size as plain AR. Run from the repository root, machine quiet.
+# and ar,ssd+csd where the plan decodes a batch size as plain AR. Run from the repository root, machine quiet
+# (lab/results/bench_noise_33/run.sh); the outputs go to docs/results/bench_noise_33.
 set -euo pipefail
 D=docs/results/bench_noise_33
 B=".venv/bin/ssdgen bench --quality-n 0 --fidelity-n 0"

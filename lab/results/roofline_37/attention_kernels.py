@@ -2,7 +2,7 @@
 size 32, image token 128: 165 slots in use of 484), over six layers' caches so that the reads come from memory,
 not from the CPU's caches as one layer's would. GB/s counts the keys and values in use (260 MB per step).
 
-    .venv/bin/python docs/results/roofline_37/attention_kernels.py
+    .venv/bin/python -m lab.results.roofline_37.attention_kernels
 """
 import time
 

@@ -1,7 +1,7 @@
 """#37: decode attention written as elementwise products and sums and compiled by torch.compile (Inductor, C++
 on the CPU, dynamic shapes) against SDPA, at the batch-64 plain-AR shapes over six layers' caches: no faster.
 
-    .venv/bin/python docs/results/roofline_37/attention_inductor.py
+    .venv/bin/python -m lab.results.roofline_37.attention_inductor
 """
 import time
 

@@ -8,7 +8,7 @@ cell by cell, 3 rounds, each the median of 7 steps. Variants are patched onto re
   bmm_bf16kv  as bmm, keys and values stored in bf16 (fp32 scores and softmax)
 
 Run on a quiet machine from the repository root:
-    .venv/bin/python docs/results/roofline_37/attention_variants.py 1x1,16x1,64x1,128x1,64x4,64x8 3
+    .venv/bin/python -m lab.results.roofline_37.attention_variants 1x1,16x1,64x1,128x1,64x4,64x8 3
 """
 import math
 import statistics

@@ -1,6 +1,6 @@
 """#37 item 3: the reference model with its KV cache in bf16 (`--model reference:kv=bf16`) against fp32.
 
-Speed: one `model.step` at MID_IMAGE (bench/roofline.py's setup) of both models, interleaved, ROUNDS rounds of
+Speed: one `model.step` at MID_IMAGE (lab/bench/roofline.py's setup) of both models, interleaved, ROUNDS rounds of
 the median of 7 steps per cell; the ratio is fp32's time over bf16's (above 1: bf16 is faster), the median of
 the per-round ratios with their range.
 
@@ -11,7 +11,7 @@ a paired-bootstrap 95% interval over prompts (bench/fidelity.compare), with FD t
 scorer's features and the scene/object accuracy deltas.
 
 Run on a quiet machine from the repository root (n = 0: the speed alone):
-    .venv/bin/python docs/results/roofline_37/kv_precision.py 256 5
+    .venv/bin/python -m lab.results.roofline_37.kv_precision 256 5
 """
 import statistics
 import sys
@@ -20,7 +20,7 @@ import time
 import torch
 
 from ssdgen.bench.fidelity import REFERENCE_SEED_OFFSET, SceneJudge, compare, decode_set
-from ssdgen.bench.roofline import step_time
+from lab.bench.roofline import step_time
 from ssdgen.decoders.fidelity import target_nll
 from ssdgen.decoders.spec import DecodeSpec
 from ssdgen.models.registry import load_model

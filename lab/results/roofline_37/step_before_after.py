@@ -1,9 +1,9 @@
 """#37: the reference model's step with this session's changes (RoPE as one complex multiply, a plain-AR step's
 writes as one slice) against the step before them, in one process: the old module's forward methods and cache
-writes swapped in, interleaved, ROUNDS rounds of the median of 7 steps per cell (bench/roofline.py's setup).
+writes swapped in, interleaved, ROUNDS rounds of the median of 7 steps per cell (lab/bench/roofline.py's setup).
 
     git show 2016013:reference/gpt.py > /tmp/gpt_2016013.py
-    .venv/bin/python docs/results/roofline_37/step_before_after.py 9 /tmp/gpt_2016013.py
+    .venv/bin/python -m lab.results.roofline_37.step_before_after 9 /tmp/gpt_2016013.py
 """
 import importlib.util
 import statistics
@@ -13,7 +13,7 @@ import time
 import torch
 
 import ssdgen.reference.gpt as new
-from ssdgen.bench.roofline import step_time
+from lab.bench.roofline import step_time
 from ssdgen.models.registry import load_model
 
 CELLS = [(1, 1), (16, 1), (64, 1), (128, 1), (64, 4), (64, 8)]

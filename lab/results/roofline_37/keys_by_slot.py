@@ -4,12 +4,12 @@ it did not land), so that `q @ k^T` is one GEMV over adjacent slots per (row, he
 1. the attention kernels alone at the batch-64 plain-AR shapes (128 rows with CFG, 8 heads, head size 32, 165
    slots in use of 484), over six layers' caches so that reads come from memory (GB/s counts keys and values);
 2. the cache writes alone (one step's keys and values, six layers), by layout;
-3. in the model, one `model.step` (bench/roofline.py's setup) with each layout, interleaved, ROUNDS rounds of the
+3. in the model, one `model.step` (lab/bench/roofline.py's setup) with each layout, interleaved, ROUNDS rounds of the
    median of 7 steps per cell, and torch.profiler's ops of a batch-64 step with each layout.
 
 Run on a quiet machine from the repository root of a checkout of 1fb364b (`git worktree add /tmp/kbs 1fb364b`, then
 `make install-dev` there), from which this output came:
-    .venv/bin/python docs/results/roofline_37/keys_by_slot.py 5
+    .venv/bin/python -m lab.results.roofline_37.keys_by_slot 5
 """
 import statistics
 import sys
@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ssdgen.bench.roofline import profile, step_time
+from lab.bench.roofline import profile, step_time
 from ssdgen.models.registry import load_model
 from ssdgen.reference.gpt import GPT
 

@@ -3,14 +3,14 @@
 model called before), the C loop (reference/decode_attention.c, what it calls now) and a plain sum over the same
 keys and values (the floor); then one layer at batch 1, 4 and 16 (2, 8 and 32 rows), where the cache fits in the
 CPU's caches and a call's fixed cost shows. Interleaved, 3 rounds of the best of 10.
-    .venv/bin/python docs/results/roofline_37/c_loop/attention_loop.py
+    .venv/bin/python -m lab.results.roofline_37.c_loop.attention_loop
 """
 import time
 
 import torch
 import torch.nn.functional as F
 
-from ssdgen.bench.roofline import _times
+from lab.bench.roofline import _times
 from ssdgen.reference import decode_attention as da
 
 torch.set_num_threads(2)
@@ -19,7 +19,7 @@ assert da.loop() is not None, "no C compiler: the loop is not built"
 
 
 def best_ms(fn, n=10):
-    """The fastest of n calls after one warm-up, in ms (bench/roofline.py's timer)."""
+    """The fastest of n calls after one warm-up, in ms (lab/bench/roofline.py's timer)."""
     return 1e3 * min(_times(fn, n))
 
 

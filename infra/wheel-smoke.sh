@@ -5,7 +5,9 @@
 #   infra/wheel-smoke.sh            (`make wheel-smoke`; .ci/run runs it after `make test`)
 #
 # 1. copies the working tree's files (tracked, and untracked ones git does not ignore: uncommitted work is
-#    tested too) into a temporary folder and builds the wheel there with setuptools, no dependencies;
+#    tested too) into a temporary folder and builds the wheel there with setuptools, no dependencies.
+#    Its file list must hold the product only (issue #47): ssdgen and its dist-info, no lab/, docs/ or results
+#    code, none of the lab's modules (the reference model's and the scorer's training, the research benchmarks);
 # 2. makes a fresh venv (pip's cache, no byte-compiling: about a minute), installs torch==2.13.0
 #    first (the local CPU wheel: nothing after it may pull a CUDA build), then the wheel;
 # 3. from an empty folder, PYTHONPATH unset and no analytics variables set, runs `ssdgen generate` (4 bundled
@@ -34,6 +36,30 @@ git ls-files -z --cached --others --exclude-standard \
 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist" "$WORK/src"
 WHEEL=$(ls "$WORK"/dist/ssdgen-*.whl)
 say "built $(basename "$WHEEL")"
+
+# 1b. the product only (issue #47): no lab, no docs, no training code for the reference model or its scorer
+"$PY" - "$WHEEL" <<'EOF'
+import re, sys, zipfile
+wheel = sys.argv[1]
+names = zipfile.ZipFile(wheel).namelist()
+tops = {n.split("/")[0] for n in names}
+bad = sorted(t for t in tops if t != "ssdgen" and not re.fullmatch(r"ssdgen-[^/]+\.dist-info", t))
+lab = {"train", "train_gpt", "train_data", "train_scorer", "validate_scorer", "tokenizer_report", "commit_maps",
+       "figures", "roofline", "host_time", "shape_replay", "projection_check", "shard_overhead", "scaling",
+       "scale", "plan", "pipeline", "formats", "screenshot"}  # the lab's modules (lab/reference, lab/bench)
+bad += [n for n in names if re.fullmatch(r"ssdgen/(reference|bench)/(\w+)\.py", n)
+        and re.fullmatch(r"ssdgen/(reference|bench)/(\w+)\.py", n).group(2) in lab]
+bad += [n for n in names if "results/" in n or n.startswith(("docs/", "lab/")) or n.endswith((".sh", "_attempt.c"))]
+z = zipfile.ZipFile(wheel)
+scorer = z.read("ssdgen/reference/scorer.py").decode()
+bad += ["ssdgen/reference/scorer.py: training code"] * any(w in scorer for w in ("def train_scorer", ".backward("))
+if bad:
+    sys.exit(f"error: the wheel holds what is not the product's: {bad}")
+py = [n for n in names if n.endswith(".py")]
+lines = sum(z.read(n).count(b"\n") for n in py)
+print(f"wheel: {len(names)} files, {len(py)} modules ({lines} lines), no lab, docs or training code")
+EOF
+say "$(du -k "$WHEEL" | cut -f1) KiB"
 
 # 2. a fresh venv with the wheel; torch first and pinned, as the Makefile does. pip's cache as usual (never
 # --no-cache-dir); --no-compile: byte-compiling every module of torch, ray and prefect took 3 of the 4 minutes

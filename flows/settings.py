@@ -90,7 +90,7 @@ class RunSettings(WorkerSettings):
 
     def check(self) -> Price:
         """Every value against the others and the price table; the run's price."""
-        from ssdgen.workers.decode_worker import check_image_format
+        from ssdgen.formats.images import check_image_format
         from ssdgen.models.registry import ModelSpec, check_dtype, check_kv, check_model_spec
 
         from .cluster import check_address

@@ -6,6 +6,7 @@ manifest columns it adds, how its images read back and how it exports:
     webdataset  attempt-*/{shard:05d}.tar     (webdataset.py) manifest tar_url, tar_sha256
     hf          export only: data/train-{shard:05d}.parquet, images and statistics in one table (hf.py)
 
+The images themselves are encoded by images.py (png, webp, jpeg), on the actors, before any format places them.
 Every shard also has its statistics (stats.parquet, the tar's sidecar in img2dataset's layout). `--format` takes
 a registered name, or `both` (parquet and webdataset). A new format is one module that builds a `Format` and
 calls `register`; nothing in output/ or flows/ dispatches on a format's name.

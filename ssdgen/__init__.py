@@ -1,7 +1,9 @@
 """ssdgen: batch image generation with speculative decoders for AR image transformers.
 
-One import namespace holds the layers, each a folder of the repository (README.md, "Architecture"):
-ssdgen.decoders < reference < models < workers < storage < inputs < formats < output < flows < bench < cli.
+One import namespace holds the layers, each a folder of the repository, as a graph of two towers that meet at a
+run's output (docs/architecture.md, "The layers"): ssdgen.decoders <- reference <- models <- workers and
+storage <- inputs, formats; workers also on formats (the image encoders), output on workers and inputs, flows and
+bench on output, cli on both.
 From Python (ssdgen/api.py): `ssdgen.generate(prompts=..., out=..., ...)` runs a generation and returns its
 summary, `ssdgen.sample(prompts)` returns images, `ssdgen.open_run(URL)` reads a run's committed output and
 `ssdgen.export(URL, DIR, fmt)` copies it into a folder `datasets` loads (output/reader.py, output/export.py)."""

@@ -89,7 +89,7 @@ def test_read_shard_columns_across_two_files(tmp_path):
 def _samples(rows):
     import numpy as np
 
-    from ssdgen.workers.decode_worker import encode_image
+    from ssdgen.formats.images import encode_image
     from ssdgen.workers.results import Sample
     img = encode_image(np.zeros((4, 4, 3), dtype=np.uint8), "png", 90)
     return {r["prompt_id"]: Sample(r["prompt_id"], "ok", image=img, width=4, height=4, grid=(2, 2),

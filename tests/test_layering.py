@@ -1,18 +1,38 @@
-"""The dependency rules the README states, checked on the source. The layers are one order,
-decoders < reference < models < workers < storage < inputs < formats < output < flows < bench < cli, each a package
-of the `ssdgen` namespace: a module imports only its own layer and those below it. The decoding algorithms are pure
-torch, only the CLI imports Typer, nothing imports a layer by a bare top-level name (`import flows`), and no module
+"""The dependency rules the README states, checked on the source. The layers are a graph, drawn in
+docs/architecture.md: two towers, decoders <- reference <- models <- workers and storage <- inputs, formats, that
+meet at output (workers encode images with formats/images.py), with flows and bench on output and the CLI on both;
+the lab (lab/, never installed) sits on the CLI. `GRAPH` names each layer's direct lower layers; a module imports
+only its own layer and the layers reachable from it in the graph, each a package of the `ssdgen` namespace (the
+lab excepted). The graph has no cycle, every edge drawn is used and none is implied by the others, and the page
+draws the same graph. The decoding algorithms are pure torch, only the CLI and the lab import Typer, nothing
+imports a layer by a bare top-level name (`import flows`), no product module imports the lab, and no module
 imports itself back through others. Imports inside functions count too. There is no exception list."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ("decoders", "reference", "models", "workers", "storage", "inputs", "formats", "output", "flows", "bench",
-         "cli")
-FOLDERS = {layer: ROOT / layer for layer in ORDER[:-1]} | {"cli": ROOT / "ssdgen" / "cli"}
+# layer -> the layers it sits on directly; it may import those and everything below them
+GRAPH = {
+    "decoders": set(),
+    "reference": {"decoders"},
+    "models": {"reference"},
+    "storage": set(),
+    "inputs": {"storage"},
+    "formats": {"storage"},
+    "workers": {"models", "formats"},
+    "output": {"workers", "inputs"},
+    "flows": {"output"},
+    "bench": {"output"},
+    "cli": {"bench", "flows"},
+    "lab": {"cli"},
+}
+ORDER = tuple(GRAPH)  # every layer, each after the layers it sits on
+PRODUCT = ORDER[:-1]  # the installed layers: all but the lab
+FOLDERS = {layer: ROOT / layer for layer in ORDER if layer != "cli"} | {"cli": ROOT / "ssdgen" / "cli"}
 STORAGE = {"fsspec", "s3fs", "pyarrow", "boto3"}
 SERVICES = {"ray", "prefect", "prefect_ray"}
 # layer -> third-party top-level modules it must never import
@@ -20,7 +40,7 @@ THIRD_PARTY = {
     "decoders": SERVICES | STORAGE | {"transformers", "typer", "PIL"},
     "reference": SERVICES | STORAGE | {"typer"},
     "models": SERVICES | STORAGE | {"typer"},
-    "workers": {"prefect", "prefect_ray", "fsspec", "s3fs", "typer"},
+    "workers": {"prefect", "prefect_ray", "typer"} | STORAGE,  # no storage I/O: the flow owns the output
     "storage": SERVICES | {"torch", "typer"},
     "inputs": SERVICES | {"torch", "typer"},
     "formats": SERVICES | {"torch", "typer"},
@@ -30,13 +50,25 @@ THIRD_PARTY = {
 }
 
 
+def below(layer: str) -> set[str]:
+    """Every layer reachable from `layer` in the graph: what it may import besides itself."""
+    out, todo = set(), list(GRAPH[layer])
+    while todo:
+        n = todo.pop()
+        if n not in out:
+            out.add(n)
+            todo += GRAPH[n]
+    return out
+
+
 def module_name(path: Path) -> str:
-    """ssdgen.<layer>.<module>: the name the package is installed under (pyproject's package-dir)."""
+    """ssdgen.<layer>.<module>: the name the package is installed under (pyproject's package-dir); lab.<module>
+    for the lab, imported from the checkout."""
     for layer, folder in FOLDERS.items():
         if path.is_relative_to(folder):
             parts = path.relative_to(folder).with_suffix("").parts
             parts = parts[:-1] if parts[-1] == "__init__" else parts
-            return ".".join(("ssdgen", layer, *parts))
+            return ".".join((*(("lab",) if layer == "lab" else ("ssdgen", layer)), *parts))
     if path == ROOT / "ssdgen" / "__init__.py":
         return "ssdgen"
     return ".".join(path.relative_to(ROOT).with_suffix("").parts)  # tests/: named by their folder
@@ -61,11 +93,14 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def layer_of(module: str) -> str | None:
-    """The layer an ssdgen module belongs to; "root" for the namespace package itself; None outside ssdgen."""
+    """The layer a module belongs to: an ssdgen layer, "lab" for the lab, "root" for the namespace package itself
+    and its Python API; None for any other module."""
     parts = module.split(".")
+    if parts[0] == "lab":
+        return "lab"
     if parts[0] != "ssdgen":
         return None
-    return parts[1] if len(parts) > 1 and parts[1] in ORDER else "root"
+    return parts[1] if len(parts) > 1 and parts[1] in PRODUCT else "root"
 
 
 def sources(layer: str) -> list[Path]:
@@ -82,17 +117,44 @@ def all_sources() -> list[Path]:
 
 
 @pytest.mark.parametrize("layer", ORDER)
-def test_each_layer_imports_only_itself_and_those_below(layer):
-    allowed = set(ORDER[:ORDER.index(layer) + 1])
+def test_each_layer_imports_only_itself_and_the_layers_the_graph_puts_below_it(layer):
+    allowed = below(layer) | {layer} | ({"root"} if layer == "lab" else set())
     bad = {f"{p.relative_to(ROOT)}: {m}" for p in sources(layer) for m in imported_modules(p)
            if layer_of(m) is not None and layer_of(m) not in allowed}
     assert not bad, sorted(bad)
 
 
-def test_the_root_and_its_python_api_use_every_layer_but_the_cli():
+def test_the_root_and_its_python_api_use_every_layer_but_the_cli_and_the_lab():
     bad = {f"{p.relative_to(ROOT)}: {m}" for p in root_sources() for m in imported_modules(p)
-           if layer_of(m) == "cli" or m.split(".")[0] == "typer"}
+           if layer_of(m) in ("cli", "lab") or m.split(".")[0] == "typer"}
     assert not bad and ROOT / "ssdgen" / "api.py" in root_sources(), sorted(bad)
+
+
+def test_the_graph_is_acyclic_and_minimal_and_every_edge_is_used():
+    assert find_cycle(GRAPH) is None, find_cycle(GRAPH)
+    assert all(FOLDERS[layer].is_dir() for layer in GRAPH) and all(GRAPH[n] <= set(GRAPH) for n in GRAPH)
+    assert all(set(ORDER[:i]) >= GRAPH[n] for i, n in enumerate(ORDER))  # ORDER lists a layer after its lowers
+    implied = {(n, m) for n in GRAPH for m in GRAPH[n] if any(m in below(o) for o in GRAPH[n] - {m})}
+    assert not implied, f"edges the others imply already (drop them): {sorted(implied)}"
+    used = {(layer, layer_of(m)) for layer in ORDER for p in sources(layer) for m in imported_modules(p)}
+    unused = {(n, m) for n in GRAPH for m in GRAPH[n] if (n, m) not in used}
+    assert not unused, f"edges no module uses (drop them, or draw what the code is): {sorted(unused)}"
+
+
+def drawn_graph(page: Path) -> dict[str, set[str]]:
+    """The edges a page draws in its graph block: lines `layer → lower, lower` (`→ nothing` for none)."""
+    block = re.search(r"```\n(# layer → .*?)```", page.read_text(encoding="utf-8"), re.S)
+    assert block, f"{page.relative_to(ROOT)}: no graph block (a fenced block starting `# layer → ...`)"
+    out = {}
+    for line in block.group(1).splitlines()[1:]:
+        if "→" in line:
+            layer, _, lowers = line.partition("→")
+            out[layer.strip()] = {w.strip() for w in lowers.split(",") if w.strip() not in ("", "nothing")}
+    return out
+
+
+def test_the_architecture_page_draws_this_graph():
+    assert drawn_graph(ROOT / "docs" / "architecture.md") == GRAPH
 
 
 @pytest.mark.parametrize("layer", sorted(THIRD_PARTY))
@@ -103,7 +165,7 @@ def test_lower_layers_import_none_of_the_services(layer):
 
 
 def test_nothing_imports_a_layer_by_a_bare_top_level_name():
-    bare = set(ORDER) - {"cli"} | {"api", "options", "commands"}
+    bare = set(PRODUCT) - {"cli"} | {"api", "options", "commands"}
     bad = {f"{p.relative_to(ROOT)}: {m}" for p in all_sources() + sorted((ROOT / "tests").glob("*.py"))
            for m in imported_modules(p) if m.split(".")[0] in bare}
     assert not bad, sorted(bad)
@@ -152,6 +214,8 @@ def test_the_rule_checkers_see_violations():
         assert {"prefect", "ssdgen.flows.pipeline", "ssdgen.decoders.verify", "models"} <= got
         assert layer_of("ssdgen.flows.pipeline") == "flows" and layer_of("ssdgen") == "root"
         assert module_name(ROOT / "ssdgen" / "cli" / "app.py") == "ssdgen.cli.app"
+        assert module_name(ROOT / "lab" / "bench" / "roofline.py") == "lab.bench.roofline"
+        assert layer_of("lab.cli") == "lab" and "lab" not in set().union(*(below(n) for n in PRODUCT))
     finally:
         p.unlink()
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]

@@ -24,7 +24,7 @@ def _pixels(seed=0, size=32):
 @pytest.mark.parametrize("fmt", ["png", "webp", "jpeg"])
 def test_encoding_is_deterministic_per_format(fmt):
     from PIL import Image
-    from ssdgen.workers.decode_worker import encode_image
+    from ssdgen.formats.images import encode_image
     img = _pixels()
     a, b = encode_image(img, fmt, 80), encode_image(img, fmt, 80)
     assert a == b and a.startswith(MAGIC[fmt])  # a retried shard is byte-identical
@@ -36,7 +36,7 @@ def test_encoding_is_deterministic_per_format(fmt):
 
 
 def test_bad_format_or_quality_is_a_user_error():
-    from ssdgen.workers.decode_worker import check_image_format
+    from ssdgen.formats.images import check_image_format
     with pytest.raises(ValueError, match="--image-format"):
         check_image_format("gif", 90)
     with pytest.raises(ValueError, match="--quality"):
@@ -46,7 +46,7 @@ def test_bad_format_or_quality_is_a_user_error():
 def _shard(tmp_path, fmt="webp"):
     """One committed-style images.parquet written by the layout code: two ok images and one error row."""
     from ssdgen.output.layout import Output, shard_tables
-    from ssdgen.workers.decode_worker import encode_image
+    from ssdgen.formats.images import encode_image
     from ssdgen.workers.results import Sample
     rows = [{"prompt_id": f"p{i}", "prompt": f"prompt {i}", "seed": i} for i in range(3)]
     samples = {f"p{i}": Sample(f"p{i}", "ok", image=encode_image(_pixels(i, 16 + 8 * i), fmt, 90),

@@ -17,7 +17,7 @@ from ssdgen.output.marker import Marker
 def _tables(shard, n=3, fmt="webp", failed=(2,)):
     """A shard's images and stats tables as the flow builds them: n prompts, the ones in `failed` error rows."""
     from ssdgen.output.layout import shard_tables
-    from ssdgen.workers.decode_worker import encode_image
+    from ssdgen.formats.images import encode_image
     rows = [{"prompt_id": f"s{shard}-p{i}", "prompt": f"prompt {shard}.{i}", "seed": i} for i in range(n)]
     pixels = np.random.default_rng(shard).integers(0, 256, (16, 16, 3), dtype=np.uint8)
     stats = {"forwards": 7, "acceptance_rate": 0.5, "tokens_per_forward": 2.0, "tokens_per_forward_hist": [1, 2],

@@ -8,7 +8,7 @@ a restart: every incarnation decodes by the same resolved spec, and no spec trav
 says which decoder made it (`str(decoder)`) and whether it fell back to AR, so the commit records what ran.
 
 The actor does no storage I/O: it takes prompt rows
-and returns encoded image bytes (PNG, WebP or JPEG, see `encode_image`), token grids and statistics, so the flow
+and returns encoded image bytes (PNG, WebP or JPEG: formats/images.py), token grids and statistics, so the flow
 that owns the output layout decides what is committed.
 
 Per-sample failures never fail the batch: a row that arrives with an error, a prompt the model rejects, or a
@@ -21,18 +21,17 @@ target and decoded again with `ar`, after the batch and on their own clock, so t
 
 from __future__ import annotations
 
-import io
 import os
 import time
 import numpy as np
 
 from ssdgen.decoders.spec import DecodeSpec
+from ssdgen.formats.images import encode_image
 
 from .results import BAD_INPUT, DECODE_FAILED, BatchResult, Sample
 from .settings import WorkerSettings
 
 
-IMAGE_FORMATS = ("png", "webp", "jpeg")
 MEMORY_SHARE = 0.5  # of the memory free when an actor plans, what its batch's caches may take (the rest: the
 # activations, the images, the other processes)
 
@@ -57,33 +56,6 @@ def free_memory(model) -> int:
         return torch.cuda.mem_get_info(dev)[0]
     import psutil
     return psutil.virtual_memory().available
-
-
-def check_image_format(image_format: str, quality: int) -> None:
-    """Reject an unknown format or a quality outside 1..100 (a user error, before any work starts)."""
-    if image_format not in IMAGE_FORMATS:
-        raise ValueError(f"--image-format must be one of {', '.join(IMAGE_FORMATS)}, got {image_format!r}")
-    if not 1 <= quality <= 100:
-        raise ValueError(f"--quality must be in 1..100, got {quality}")
-
-
-def encode_image(img: np.ndarray, image_format: str = "png", quality: int = 90) -> bytes:
-    """Deterministic image bytes: every encoder option is pinned and no metadata (EXIF, ICC, timestamps) is
-    written, so a retried shard is byte-identical to the first attempt in every format."""
-    from PIL import Image
-    buf = io.BytesIO()
-    im = Image.fromarray(img)
-    if image_format == "png":
-        im.save(buf, format="PNG", compress_level=6)
-    elif image_format == "webp":
-        # method 4 is libwebp's default speed/size trade-off, pinned so a Pillow upgrade cannot change it
-        im.save(buf, format="WEBP", quality=quality, method=4, lossless=False, exact=False)
-    elif image_format == "jpeg":
-        # fixed chroma subsampling (4:2:0) and no optimizer pass or progressive scan: one encoding per input
-        im.save(buf, format="JPEG", quality=quality, subsampling=2, optimize=False, progressive=False)
-    else:
-        raise ValueError(f"unknown image format {image_format!r} (expected one of {', '.join(IMAGE_FORMATS)})")
-    return buf.getvalue()
 
 
 class DecodeWorker:

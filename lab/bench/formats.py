@@ -1,5 +1,5 @@
 """Stored bytes per image for each --image-format: the same images encoded as png, webp and jpeg by the pipeline's
-own encoder (workers.decode_worker.encode_image) at the CLI's default quality.
+own encoder (formats/images.py encode_image) at the CLI's default quality.
 
     python -m lab formats [--n 256] [--quality 90] [--batch-size 32] [--model reference] [--out sizes.json]
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ssdgen.workers.decode_worker import IMAGE_FORMATS, encode_image
+from ssdgen.formats.images import IMAGE_FORMATS, encode_image
 
 
 def decode(n: int, model_spec: str | None = None, batch_size: int = 32) -> list[np.ndarray]:

@@ -219,7 +219,10 @@ def resolve_device(device: str, device_type: str, price=None):
     the user's (output.cost); default: the shipped table's row for `device_type`."""
     from ssdgen.output.cost import price_for
     price = price or price_for(device_type)  # unknown types: ValueError listing the known ones
-    dev = torch.device(device)  # a malformed device string raises RuntimeError
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:  # torch's word for a malformed device string: the user's to fix, so a ValueError
+        raise ValueError(f"--device {device!r}: {e}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: CUDA is not available on this machine (torch {torch.__version__})")
     if dev.type not in ("cpu", "cuda"):

@@ -43,6 +43,10 @@ EPS = 1e-4  # Ray's resource granularity
 _local_gcs: str | None = None  # the GCS address of the local Ray `start_local` started: no node will join it
 
 
+class ClusterError(RuntimeError):
+    """The cluster cannot be used as asked; the message says why (one `error:` line, ssdgen/cli/options.py)."""
+
+
 # what ray.init takes as an address: the head's GCS host:port (an IPv6 host in brackets), or a Ray Client URL
 _ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):\d{1,5}|ray://\S+")
 
@@ -97,7 +101,7 @@ def start_local(**init_kw) -> None:
     ips = {n["NodeManagerAddress"] for n in ray.nodes()}
     if not all(_is_loopback(ip) for ip in ips):
         ray.shutdown()
-        raise RuntimeError(f"the local Ray came up on {', '.join(sorted(ips))}, not on 127.0.0.1; stopped it "
+        raise ClusterError(f"the local Ray came up on {', '.join(sorted(ips))}, not on 127.0.0.1; stopped it "
                            "(this Ray version ignores RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: see flows/cluster.py)")
     _local_gcs = ray.get_runtime_context().gcs_address
 

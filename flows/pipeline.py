@@ -67,6 +67,10 @@ from .settings import DEFAULT_BATCH, RunSettings
 ACTOR_RESTART_WAIT_S = float(os.environ.get("SSDGEN_ACTOR_RESTART_WAIT_S", 900))
 
 
+class ShardsFailed(RuntimeError):
+    """The run ended with shards not committed; the message names the first's cause and that a rerun resumes."""
+
+
 @contextmanager
 def _cluster_slots(cfg: RunSettings):
     """Hold `cfg.cluster_slots` slots of the Prefect global concurrency limit `cfg.cluster_limit` while the run
@@ -311,7 +315,7 @@ def execute(cfg: RunSettings, progress: bool = True, overwrite: bool = False) ->
         raise stopped
     if failed:
         first = min(failed)
-        raise RuntimeError(f"{len(failed)} shard(s) failed (first: shard {first}: {failed[first]}); "
+        raise ShardsFailed(f"{len(failed)} shard(s) failed (first: shard {first}: {failed[first]}); "
                            f"{summary['shards']}/{len(prep.plan)} committed; run again to resume")
     return summary
 

@@ -1,6 +1,7 @@
 """The CLI: its shape (fast, in process: users' commands in panels, the maintainers' in the lab, help on
 every option, -h, --version, the listings, no default output inside the repository), and, in a subprocess,
-bad input turned into one clear error line and exit code 2, never a stack trace."""
+bad input turned into one clear error line and exit code 2, never a stack trace; a bug said as one, with its
+traceback."""
 
 import os
 import subprocess
@@ -107,6 +108,57 @@ def test_every_refused_value_is_one_error_line(args, message, tmp_path):
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("error: ") and len(r.stderr.splitlines()) == 1, r.stderr
     assert message in r.stderr and not r.stdout, r.output
+
+
+def _raising(exc: BaseException) -> typer.Typer:
+    """A one-command app whose command, wrapped as every ssdgen command is, raises `exc`."""
+    from ssdgen.cli.options import friendly
+    one = typer.Typer()
+
+    @one.command()
+    @friendly
+    def boom():
+        raise exc
+    return one
+
+
+def _project_errors():
+    from ssdgen.cli.prefect_server import NoPrefectServer
+    from ssdgen.inputs.pinned import InputError
+    from ssdgen.output.lease import LeaseHeld
+    from ssdgen.storage.store import StorageError
+    return [InputError("p.parquet: the file changed since the run started"), LeaseHeld("run: held by pid 7"),
+            NoPrefectServer("a schedule needs a Prefect server"), StorageError(28, "No space left", "out/x")]
+
+
+@pytest.mark.parametrize("exc", _project_errors(), ids=lambda e: type(e).__name__)
+def test_a_project_error_is_one_line_and_exit_2(exc):
+    r = CliRunner().invoke(_raising(exc), [])
+    assert r.exit_code == 2, r.output
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("error: "), r.stderr
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("exc", [KeyError("seed"), RuntimeError("shape mismatch"), TypeError("bad operand")],
+                         ids=lambda e: type(e).__name__)
+def test_any_other_exception_is_a_bug_with_its_traceback_and_a_way_to_report_it(exc):
+    """A KeyError or RuntimeError is no bad input: said as a bug, with what a report needs, and its own exit code."""
+    from ssdgen.cli.options import BUG_EXIT
+    r = CliRunner().invoke(_raising(exc), [])
+    assert r.exit_code == BUG_EXIT != 2, r.output
+    lines = r.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and "in boom" in r.stderr, r.stderr
+    assert lines[-1].startswith(f"error: internal error (a bug in ssdgen, not in your input): {type(exc).__name__}")
+    assert "please report it with the traceback above" in lines[-1]
+
+
+def test_every_named_project_error_exists():
+    """options.OWN_ERRORS names classes by text (looked up only once imported): a rename must not drop one."""
+    import importlib
+    from ssdgen.cli.options import OWN_ERRORS
+    for module, name in OWN_ERRORS:
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, Exception) and not issubclass(cls, (ValueError, OSError)), (module, name)
 
 
 @pytest.mark.integration

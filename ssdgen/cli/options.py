@@ -2,8 +2,9 @@
 edge where their text is parsed into typed configs (the commands live in run.py, decode.py and catalog.py;
 app.py puts them on one app).
 
-Errors users can cause (bad captions, bad parameters, missing files) print one clear line and exit 2;
-they never end in a raw stack trace.
+Errors users can cause (bad captions, bad parameters, missing files: the project's own error types) print one
+clear line and exit 2; they never end in a raw stack trace. Any other exception is a bug and is said to be one:
+its traceback, a line asking for a report, exit 70.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import functools
 import logging
 import os
+import sys
 from typing import Optional
 
 import typer
@@ -19,19 +21,42 @@ import typer
 from ssdgen.models.registry import MODEL_HELP
 
 
-# OSError: a store that refuses a write or read (a full disk, a missing bucket) is named by its URL
-USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, KeyError, OSError)
+# The project's own error types that are neither a ValueError nor an OSError, by module and class. They are
+# looked up among the modules already imported (no instance exists before its class is imported), so a refused
+# value never waits for torch or Prefect to import; tests/test_cli.py checks that every name is there.
+OWN_ERRORS = (("ssdgen.reference.weights", "BundleError"), ("ssdgen.output.lease", "LeaseHeld"),
+              ("ssdgen.output.lease", "LeaseLost"), ("ssdgen.flows.commit", "ProvenanceError"),
+              ("ssdgen.flows.pipeline", "ShardsFailed"), ("ssdgen.flows.cluster", "ClusterError"),
+              ("ssdgen.cli.prefect_server", "NoPrefectServer"))
+BUG_EXIT = 70  # sysexits' EX_SOFTWARE: neither 2 (the user's to fix) nor 1 (verify's "damaged")
+
+
+def is_user_error(e: BaseException) -> bool:
+    """Whether `e` is the user's to fix: a refused value (ValueError, the project's convention for a bad
+    setting, spec or row, pydantic's ValidationError included), a path or store that refused (OSError, the
+    project's StorageError included) or another of the project's own errors. Anything else is a bug."""
+    if isinstance(e, (ValueError, OSError)):
+        return True
+    return any(isinstance(e, getattr(sys.modules[m], name)) for m, name in OWN_ERRORS if m in sys.modules)
+
+
+def _user_message(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:  # "[Errno 28] ..." is for programs, not people
+        return e.strerror if e.filename is None else f"{e.filename}: {e.strerror}"
+    return str(e)
 
 
 def friendly(fn):
-    """Turn user-facing exceptions into `error: ...` and exit code 2; a run stopped by Ctrl-C or SIGTERM into
-    its `interrupted: ...` line and exit code 128 + the signal (flows/interrupts.py)."""
+    """A user error becomes one `error: ...` line and exit code 2; any other exception is a bug: its traceback,
+    an `error: internal error` line asking for a report, and exit code 70. A run stopped by Ctrl-C or SIGTERM
+    ends in its `interrupted: ...` line and exit code 128 + the signal (flows/interrupts.py)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from typer._click.exceptions import ClickException
         from ssdgen.flows.interrupts import Interrupted
         try:
             return fn(*args, **kwargs)
-        except typer.Exit:  # click's Exit is a RuntimeError: a command's own exit code passes through
+        except (typer.Exit, typer.Abort, ClickException):  # Typer's own: its exit code, its usage line (app.py)
             raise
         except Interrupted as e:
             typer.echo(f"\n{e}", err=True)
@@ -39,20 +64,26 @@ def friendly(fn):
         except KeyboardInterrupt:  # before the run started: nothing was written
             typer.echo("\ninterrupted before the run started; nothing was committed", err=True)
             raise typer.Exit(130)
-        except USER_ERRORS as e:
-            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-            if isinstance(e, OSError) and e.strerror:  # "[Errno 28] ..." is for programs, not people
-                msg = e.strerror if e.filename is None else f"{e.filename}: {e.strerror}"
-            typer.echo(f"error: {msg}", err=True)
-            raise typer.Exit(2)
         except Exception as e:
-            from ssdgen.storage.endpoints import no_credentials
-            if not no_credentials(e):
-                raise
-            typer.echo("error: the object store found no credentials to sign with: set AWS_ACCESS_KEY_ID and "
-                       "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (or run where an instance role provides them)", err=True)
-            raise typer.Exit(2) from None
+            _report(e)
     return wrapper
+
+
+def _report(e: Exception):
+    """Say `e` (the exception being handled) the way `friendly` promises, and exit."""
+    from ssdgen.storage.endpoints import no_credentials
+    if is_user_error(e):
+        typer.echo(f"error: {_user_message(e)}", err=True)
+        raise typer.Exit(2) from None
+    if no_credentials(e):  # botocore's NoCredentialsError is no OSError, yet the user's to fix
+        typer.echo("error: the object store found no credentials to sign with: set AWS_ACCESS_KEY_ID and "
+                   "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (or run where an instance role provides them)", err=True)
+        raise typer.Exit(2) from None
+    import traceback
+    traceback.print_exception(e)  # a bug: its traceback is what a report needs
+    typer.echo(f"error: internal error (a bug in ssdgen, not in your input): {type(e).__name__}: {e}; please "
+               "report it with the traceback above and the command you ran", err=True)
+    raise typer.Exit(BUG_EXIT) from None
 
 
 class _QuietUserErrors(logging.Filter):
@@ -62,7 +93,7 @@ class _QuietUserErrors(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, USER_ERRORS)
+        return exc is None or not is_user_error(exc)
 
 
 @contextlib.contextmanager
@@ -85,8 +116,9 @@ def flow_console():
             h.addFilter(quiet)
         try:
             yield server
-        except USER_ERRORS:
-            _flush_run_logs()
+        except Exception as e:
+            if is_user_error(e):
+                _flush_run_logs()
             raise
         finally:
             for h in handlers:

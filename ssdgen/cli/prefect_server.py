@@ -33,6 +33,10 @@ import time
 RESTART_CODE = 3  # uvicorn's exit when the port was taken between our pick and its bind: pick another
 
 
+class NoPrefectServer(RuntimeError):
+    """No Prefect API to run or schedule under; the message names the fix (one `error:` line, options.py)."""
+
+
 def _free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind(("127.0.0.1", 0))
@@ -105,17 +109,17 @@ class TemporaryServer:
                 if code == RESTART_CODE:
                     self._spawn()
                 elif code is not None:
-                    raise RuntimeError(f"Prefect's temporary API server exited with code {code} at start; set "
-                                       "PREFECT_API_URL to a running Prefect server instead")
+                    raise NoPrefectServer(f"Prefect's temporary API server exited with code {code} at start; set "
+                                          "PREFECT_API_URL to a running Prefect server instead")
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{self.url}/health", timeout=1.0).status_code == 200:
                         self._unlock()
                         self.ready = True
                         return
                 time.sleep(0.05)
-        raise RuntimeError(f"Prefect's temporary API server did not answer within {limit} s "
-                           "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS); set PREFECT_API_URL to a running "
-                           "Prefect server instead")
+        raise NoPrefectServer(f"Prefect's temporary API server did not answer within {limit} s "
+                              "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS); set PREFECT_API_URL to a running "
+                              "Prefect server instead")
 
     @contextlib.contextmanager
     def api(self):

@@ -116,6 +116,7 @@ def serve(settings: RunSettings, cron: str = typer.Option("0 2 * * *", help="sch
     from pydantic import ValidationError
     from prefect.client.schemas.schedules import CronSchedule
 
+    from ssdgen.cli.prefect_server import NoPrefectServer
     from ssdgen.flows.pipeline import generate as flow
     # every setting checked now, as generate checks them, not at 2 a.m. when the first scheduled run starts
     settings.check()
@@ -128,14 +129,14 @@ def serve(settings: RunSettings, cron: str = typer.Option("0 2 * * *", help="sch
     from prefect.settings import PREFECT_API_URL
     from prefect.client.orchestration import get_client
     if not (api := PREFECT_API_URL.value()):
-        raise RuntimeError("a schedule needs a Prefect server: run 'prefect server start' and set "
-                           "PREFECT_API_URL=http://127.0.0.1:4200/api (ssdgen serve would otherwise serve a "
-                           "cron that never fires)")
+        raise NoPrefectServer("a schedule needs a Prefect server: run 'prefect server start' and set "
+                              "PREFECT_API_URL=http://127.0.0.1:4200/api (ssdgen serve would otherwise serve a "
+                              "cron that never fires)")
     with get_client(sync_client=True) as client:
         if (exc := client.api_healthcheck()) is not None:
             why = type(exc).__name__ + "".join(f": {line}" for line in str(exc).splitlines()[:1])  # one line
-            raise RuntimeError(f"the Prefect API at PREFECT_API_URL={api} does not answer ({why}); start it with "
-                               "'prefect server start'")
+            raise NoPrefectServer(f"the Prefect API at PREFECT_API_URL={api} does not answer ({why}); start it "
+                                  "with 'prefect server start'")
     flow.serve(name=name, cron=cron, parameters={"settings": settings.model_dump(mode="json"), "progress": False})
 
 

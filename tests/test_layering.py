@@ -74,10 +74,11 @@ def module_name(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts)  # tests/: named by their folder
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Fully qualified modules a file imports; `from pkg import name` counts as pkg.name when that is a module."""
+def imported_modules(path: Path, name: str | None = None) -> set[str]:
+    """Fully qualified modules a file imports; `from pkg import name` counts as pkg.name when that is a module.
+    `name`: the module's name, for a file outside the tree (a test's probe); by default its place in the tree."""
     tree = ast.parse(path.read_text())
-    me = module_name(path).split(".")
+    me = (name or module_name(path)).split(".")
     package = me if path.name == "__init__.py" else me[:-1]
     out = set()
     for node in ast.walk(tree):
@@ -205,19 +206,17 @@ def test_no_import_cycle():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
-def test_the_rule_checkers_see_violations():
-    p = ROOT / "decoders" / "_layering_probe.py"  # inside the tree so that module names resolve
-    try:
-        p.write_text("def f():\n    import prefect\n    from ssdgen.flows.pipeline import generate\n"
-                     "    from . import verify\n    import models\n")
-        got = imported_modules(p)
-        assert {"prefect", "ssdgen.flows.pipeline", "ssdgen.decoders.verify", "models"} <= got
-        assert layer_of("ssdgen.flows.pipeline") == "flows" and layer_of("ssdgen") == "root"
-        assert module_name(ROOT / "ssdgen" / "cli" / "app.py") == "ssdgen.cli.app"
-        assert module_name(ROOT / "lab" / "bench" / "roofline.py") == "lab.bench.roofline"
-        assert layer_of("lab.cli") == "lab" and "lab" not in set().union(*(below(n) for n in PRODUCT))
-    finally:
-        p.unlink()
+def test_the_rule_checkers_see_violations(tmp_path):
+    p = tmp_path / "_layering_probe.py"  # named as if it sat in decoders/, so that `from . import` resolves
+    p.write_text("def f():\n    import prefect\n    from ssdgen.flows.pipeline import generate\n"
+                 "    from . import verify\n    import models\n")
+    got = imported_modules(p, "ssdgen.decoders._layering_probe")
+    assert {"prefect", "ssdgen.flows.pipeline", "ssdgen.decoders.verify", "models"} <= got
+    assert layer_of("ssdgen.flows.pipeline") == "flows" and layer_of("ssdgen") == "root"
+    assert module_name(ROOT / "decoders" / "verify.py") == "ssdgen.decoders.verify"
+    assert module_name(ROOT / "ssdgen" / "cli" / "app.py") == "ssdgen.cli.app"
+    assert module_name(ROOT / "lab" / "bench" / "roofline.py") == "lab.bench.roofline"
+    assert layer_of("lab.cli") == "lab" and "lab" not in set().union(*(below(n) for n in PRODUCT))
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
@@ -239,15 +238,12 @@ def config_dispatch(path: Path) -> list[str]:
     return out
 
 
-def test_only_the_recipe_table_says_which_config_a_decoder_has():
+def test_only_the_recipe_table_says_which_config_a_decoder_has(tmp_path):
     """What a decoder is has one home, decoders/recipes.py (#35): no other module of the decoders dispatches on
     a config class; they read the recipe (its loop, drafter, acceptance, tunes) or the config's own fields."""
     bad = [hit for p in sources("decoders") if p.name != "recipes.py" for hit in config_dispatch(p)]
     assert not bad, bad
-    probe = ROOT / "decoders" / "_dispatch_probe.py"
-    try:
-        probe.write_text("def f(cfg, WindowConfig, BlockConfig):\n    return isinstance(cfg, (WindowConfig, int))"
-                         " or type(cfg) is BlockConfig\n")
-        assert len(config_dispatch(probe)) == 2  # the checker sees both kinds
-    finally:
-        probe.unlink()
+    probe = tmp_path / "_dispatch_probe.py"
+    probe.write_text("def f(cfg, WindowConfig, BlockConfig):\n    return isinstance(cfg, (WindowConfig, int))"
+                     " or type(cfg) is BlockConfig\n")
+    assert len(config_dispatch(probe)) == 2  # the checker sees both kinds

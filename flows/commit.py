@@ -8,18 +8,14 @@ outcome comes back, as an event."""
 
 from __future__ import annotations
 
-import posixpath
 import threading
 import time
-from collections import Counter
-from datetime import datetime, timezone
 
 from ssdgen.formats import write_shard
-from ssdgen.output.audit import AUDIT_FILE, audit_table, shard_audit
-from ssdgen.output.layout import MARKER, Output, shard_tables
+from ssdgen.output.audit import audit_table, shard_audit, write_audit
+from ssdgen.output.layout import Output, shard_tables
 from ssdgen.output.lease import LeaseLost
-from ssdgen.output.marker import Marker
-from ssdgen.workers.results import UNRECORDED
+from ssdgen.output.marker import Marker, ShardWork, committed_marker, shard_fields
 
 from .ticket import is_transient
 
@@ -52,20 +48,9 @@ def shard_marker(job, cfg, spec: str, planning_s: float = 0.0) -> tuple[dict, ob
     images, stats = shard_tables(samples, job.rows, spec, cfg.model, cfg.image_format, dev, job.kept)
     audited, audit = shard_audit(job.results, dev)
     audit_t = audit_table(audited, cfg.audit_label) if cfg.audit > 0 else None
-    errors = Counter(s.error for s in samples.values() if not s.ok)
-    reasons = Counter(s.error_reason or UNRECORDED for s in samples.values() if not s.ok)
-    # the actor's audit seconds leave the shard's time: the images are costed without it, the audit apart
-    wall = max(0.0, job.alloc_s - audit["seconds"])
-    marker = {"shard": job.shard.id, "rows": len(samples), "ok": len(samples) - sum(errors.values()),
-              "failed": sum(errors.values()), "errors": dict(errors.most_common(10)),
-              "error_reasons": dict(reasons.most_common()), "wall_s": wall,
-              "busy_s": job.busy_s, "load_s": job.load_s + planning_s, "devices": dev,
-              "device_type": cfg.device_type, "device_seconds_allocated": (wall + job.load_s + planning_s) * dev,
-              "device_seconds_busy": job.busy_s * dev,
-              "started_at": job.started_at, "actor_pid": job.where.get("pid"),
-              "node_id": job.where.get("node_id"), "device": job.where.get("device"),
-              "batches": len(job.batches), "decoder": spec} | ({"audit": audit} if cfg.audit > 0 else {})
-    return marker, images, stats, audit_t
+    work = ShardWork(job.shard.id, job.alloc_s, job.busy_s, job.load_s + planning_s, dev, cfg.device_type,
+                     job.started_at, job.where, len(job.batches))
+    return shard_fields(work, samples, spec, audit if cfg.audit > 0 else None), images, stats, audit_t
 
 
 class Commit:
@@ -115,18 +100,16 @@ class Commit:
         check, the output's fence, raised before its marker's write); an earlier, transiently failed one is kept
         if the shard's marker names it. No other driver writes under these names, and a write that was under
         way when the driver froze may have landed since: removed too."""
-        p = posixpath.join(self.out.shard_dir(shard), MARKER)
         try:
-            keep = {self.out.path(f.attempt_dir) for f in self.out.parse_marker(p, self.out.fs.cat_file(p)).files}
-        except FileNotFoundError:
-            keep = set()
+            marker = self.out.marker_of(shard)
+            keep = set() if marker is None else {self.out.path(f.attempt_dir) for f in marker.files}
         except (OSError, ValueError):  # cannot tell which one it names: remove only the one never committed
             keep = set(attempts[:-1])
         for attempt in attempts:
             if attempt in keep:
                 continue
             try:
-                self.out.remove_tree(attempt, fenced=False)
+                self.out.remove_attempt(attempt)
             except OSError:  # nothing written there, or a store hiccup: the holder's gc removes it
                 continue
 
@@ -135,11 +118,10 @@ class Commit:
         # each --format's file (formats/: images.parquet, the WebDataset tar, ...) and stats.parquet
         files = write_shard(out, attempt, shard, images, stats, self.cfg.format, self.cfg.shard_size)
         if audit_t is not None:  # written even when empty: the marker then says this shard was audited
-            files.append(out.write_table(f"{attempt}/{AUDIT_FILE}", audit_t))
+            files.append(write_audit(out, attempt, audit_t))
         if (aborted := self.aborted()) is not None:  # an aborted run commits nothing more, as a crashed driver
             raise aborted
         if self.guard is not None:
             self.guard()
-        marker = Marker.from_dict(marker | {"attempt": attempt.rsplit("/", 1)[-1], "files": files,
-                                            "finished_at": datetime.now(timezone.utc).isoformat()})
+        marker = committed_marker(marker, attempt, files)
         return marker if out.commit(marker) else None

@@ -49,17 +49,17 @@ from ssdgen.inputs.growth import digests_for
 from ssdgen.inputs.plan import ShardPlan, read_shard
 from ssdgen.output.audit import audit_rows
 from ssdgen.output.audit import summarize as audit_summary, warning as audit_warning
-from ssdgen.output.cost import Price, cost_table, run_summary
-from ssdgen.output.layout import CONFIG, PLAN, ROW_DIGESTS, SUMMARY, Output, plan_words
+from ssdgen.output.cost import Price, cost_table
+from ssdgen.output.layout import PLAN, ROW_DIGESTS, SUMMARY, Output, plan_words
 from ssdgen.output.lease import LEASE_DIR, Lease
-from ssdgen.output.reader import MarkerFold, plan_summary, read_plan_at
+from ssdgen.output.reader import read_plan_at
+from ssdgen.output.summary import committed_totals, this_run, write_summary
 from ssdgen.output.verify import set_aside
-from ssdgen.storage.store import StorageError
 from . import cluster
 from .dispatch import Dispatcher
 from .groups import RunContext, run_groups
 from .interrupts import Interrupted, StopSignals
-from .prepare import Prepared, check_output, clear, describe, output_size, prepare
+from .prepare import Prepared, check_output, describe, prepare
 from .settings import DEFAULT_BATCH, RunSettings
 
 # How long a shard waits for its actor's restart. After a node loss the restart waits for free resources: an
@@ -303,7 +303,7 @@ def execute(cfg: RunSettings, progress: bool = True, overwrite: bool = False) ->
             _record(prep, log)
             log.info(describe(prep))
             if not prep.pending and prep.stale is None:  # the manifest and summary name every commit already
-                return prep.out.read_json(SUMMARY) | {"shards_run_now": 0, "nothing_to_do": True,
+                return prep.out.read_summary() | {"shards_run_now": 0, "nothing_to_do": True,
                                                       "summary": prep.out.full_url(prep.out.path(SUMMARY))}
             if not prep.pending:
                 log.warning(f"{prep.stale}: rebuilding manifest.parquet and summary.json from the commit markers")
@@ -332,9 +332,9 @@ class _StatusLine:
 
 def _overwrite(out: Output, log, fence) -> None:
     out.fence = fence
-    files, size = output_size(out)
+    files, size = out.size()
     log.warning(f"--overwrite: deleting the run at {out.url} ({files} files, {size / 2**20:.1f} MiB)")
-    clear(out, keep=LEASE_DIR)
+    out.clear(keep=LEASE_DIR)
 
 
 def _record(prep: Prepared, log) -> None:
@@ -343,7 +343,7 @@ def _record(prep: Prepared, log) -> None:
     if prep.changed:
         log.warning(f"{prep.out.url}: no shard was committed with the recorded settings; taking the new ones "
                     f"({prep.changed} differ)")
-    if prep.changed or prep.added is not None or prep.out.read_json(CONFIG) is None:
+    if prep.changed or prep.added is not None or prep.out.recorded_config() is None:
         old = prep.old or {}
         digests = digests_for(prep.files, prep.record["inputs"], old.get("inputs") or [], old.get(ROW_DIGESTS))
         prep.out.write_config(prep.record | {ROW_DIGESTS: digests}, replacing=bool(prep.changed))
@@ -353,46 +353,16 @@ def _record(prep: Prepared, log) -> None:
 
 
 def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict:
-    """manifest.parquet and summary.json from the markers: cost over every committed shard, speed over this
-    run's own work and wall time (each images/s labelled by what it divides)."""
-    out, plan, failed = prep.out, prep.plan, ran["failed"]
+    """manifest.parquet and summary.json (output.summary): cost over every committed shard, speed over this run's
+    own work and wall time (each images/s labelled by what it divides)."""
+    out = prep.out
     removed = out.gc()
-    fold = MarkerFold(out, audit=cfg.audit > 0)
-    summary = run_summary((m.to_dict() for m in fold.markers()), prep.price, wall)
-    manifest = _final_write(out, fold.manifest.close, summary["shards"])
-    summary["images_this_run"] = ran["images"]
-    summary["images_per_s"] = ran["images"] / wall if wall > 0 else None
-    # startup (plan, Ray, actors, model loads) is paid once per run; steady state is what a long run sees
-    summary["startup_s"] = startup_s = ran["startup_s"]
-    steady = wall - startup_s
-    summary["images_per_s_steady"] = ran["images"] / steady if ran["commits"] and steady > 0 else None
-    summary |= {"out": out.url, "shards_total": len(plan), "shards_committed": summary["shards"],
-                "shards_run_now": ran["commits"], "shards_failed": {str(k): v for k, v in failed.items()},
-                "errors_by_reason": dict(fold.reasons.most_common()),
-                "rows_by_decoder": dict(fold.decoders.most_common()),
-                "shards_redecoded": [d.shard for d in prep.damaged],
-                "attempts_removed": removed, "decoder": str(cfg.decoder), "model": cfg.model,
-                "batch_size": ran.get("batch_size", cfg.batch_size), "image_format": cfg.image_format,
-                "format": cfg.format,
-                "actors": cfg.actors, "device_type": cfg.device_type,
-                "commit_latency_s": ran["commit_latency_s"], "audit": _audit(cfg, out, fold.audit, prep.price),
-                "decode_plan": plan_summary(out.read_plan()), "interrupted": ran.get("interrupted") is not None,
-                "manifest": manifest, "markers_digest": fold.manifest.digest.value(),
-                "finished_at": datetime.now(timezone.utc).isoformat()}
-    summary["summary"] = _final_write(out, out.write_summary, summary["shards"], summary)
+    summary, fold = committed_totals(out, prep.price, wall, audit=cfg.audit > 0)
+    summary |= this_run(cfg, ran, wall, len(prep.plan), [d.shard for d in prep.damaged], removed, out.read_plan())
+    summary["audit"] = _audit(cfg, out, fold.audit, prep.price)
+    summary["summary"] = write_summary(out, summary)
     _artifacts(summary, fold.errors, fold.reasons)
     return summary
-
-
-def _final_write(out: Output, write, shards: int, *args) -> str:
-    """The manifest's or the summary's write (already retried through transient faults, storage.retry); when it
-    still fails, one line that says the commits are safe and how the files come back (output.converge)."""
-    try:
-        return write(*args)
-    except OSError as e:
-        raise StorageError(e.errno, f"{e}: could not write manifest.parquet and summary.json; the {shards} "
-                           f"committed shards are safe, and the next `ssdgen generate` with the same arguments, "
-                           f"or `ssdgen verify --repair {out.url}`, rebuilds them from the commit markers") from None
 
 
 def _artifacts(summary: dict, errors: Counter, reasons: Counter) -> None:

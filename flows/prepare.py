@@ -8,24 +8,17 @@ output's lease (output.lease).
 
 from __future__ import annotations
 
-import posixpath
-import re
 from dataclasses import dataclass, field
 
-import fsspec
-
-from ssdgen.inputs.files import (InputFile, check_seeds, check_unique_prompt_ids, is_pattern, list_inputs,
-                                 with_identities)
+from ssdgen.inputs.files import InputFile, check_seeds, check_unique_prompt_ids, list_inputs, with_identities
 from ssdgen.inputs.growth import added_rows
 from ssdgen.inputs.plan import Range, ShardPlan, recorded_segments
 from ssdgen.output.converge import stale
 from ssdgen.output.cost import Price
-from ssdgen.output.layout import CONFIG, ROW_DIGESTS, Output
+from ssdgen.output.layout import ROW_DIGESTS, Output
 from ssdgen.output.lease import Lease
 from ssdgen.output.marker import MarkerDigest
 from ssdgen.output.verify import Damage, damaged_shards
-from ssdgen.storage.endpoints import check_bucket
-from ssdgen.storage.store import StorageError
 from .settings import RunSettings
 
 
@@ -63,28 +56,15 @@ class Prepared:
 
 
 def check_output(cfg: RunSettings) -> Output:
-    """The output URL is usable: on a store that can create exclusively (commit markers and the lease need it:
-    storage/backends.py), not a file, in a bucket that exists (never created for the user), and not inside a
-    --prompts folder (the run would list its own files as prompts)."""
+    """The output URL is usable (`Output.check_usable`: create-only, not a file, its bucket there) and not inside
+    a --prompts folder (the run would list its own files as prompts)."""
     try:
         out = Output(cfg.out)
     except (ValueError, ImportError) as e:
         raise ValueError(f"--out {cfg.out}: {e}") from None
-    out.backend.require_create_only(f"--out {cfg.out}")
-    try:
-        if out.fs.isfile(out.root):
-            raise ValueError(f"--out {cfg.out}: is a file; give a folder (or an object-store prefix) for the run")
-        if out.backend.buckets:
-            bucket = out.root.split("/", 1)[0]
-            check_bucket(f"--out {cfg.out}", out.fs, bucket)  # a missing bucket, or an endpoint/credential error
-    except OSError as e:
-        raise StorageError(e.errno, f"--out {cfg.out}: cannot reach the store ({type(e).__name__}: {e})") from None
+    out.check_usable(f"--out {cfg.out}")
     for p in cfg.prompts:
-        fs, path = fsspec.core.url_to_fs(p)
-        pattern = is_pattern(fs, path)  # `in[1]/` that exists is a folder, not a glob
-        base = (re.split(r"[*?\[]", path)[0] if pattern else path).rstrip("/")
-        same_store = type(fs) is type(out.fs)
-        if same_store and (out.root == base or out.root.startswith(base + "/")) and (pattern or not fs.isfile(path)):
+        if out.is_inside(p):
             raise ValueError(f"--out {cfg.out} is inside --prompts {p}: the run would read its own output as "
                              "prompts; put the output elsewhere")
     return out
@@ -105,7 +85,7 @@ def prepare(cfg: RunSettings, overwrite: bool = False, leased: bool = False) -> 
         plan = ShardPlan(files, cfg.shard_size)
         return Prepared(cfg, price, files, plan, out, bytearray(len(plan)), record=cfg.recorded(files))
     recorded = cfg.recorded(files)
-    old = out.read_json(CONFIG)
+    old = out.recorded_config()
     if old is not None and not any("content" in i for i in old.get("inputs", [])):
         for i in recorded["inputs"]:  # a run recorded before inputs had a content identity: compare the rest
             i.pop("content", None)
@@ -152,23 +132,3 @@ def describe(p: Prepared) -> str:
             f"committed, {p.pending} to run" + (f" ({len(p.damaged)} damaged, re-decoded)" if p.damaged else "")
             + (f"; --incremental: {sum(b - a for _, a, b in p.added)} rows added since the last run, as shards "
                f"{p.added_shards[0]}-{p.added_shards[-1]}" if p.added else ""))
-
-
-def output_size(out: Output) -> tuple[int, int]:
-    """(files, bytes) under the output, for what --overwrite says it deletes."""
-    try:
-        infos = out.fs.find(out.root, detail=True)
-    except FileNotFoundError:
-        return 0, 0
-    return len(infos), sum(int(i.get("size") or 0) for i in infos.values())
-
-
-def clear(out: Output, keep: str) -> None:
-    """Delete everything under the output but `keep` (the lease of the run that overwrites)."""
-    try:
-        entries = out.fs.ls(out.root, detail=False)
-    except FileNotFoundError:
-        return
-    for e in entries:
-        if posixpath.basename(e.rstrip("/")) != keep:
-            out.remove_tree(e)

@@ -9,7 +9,7 @@ import os
 from datetime import datetime, timezone
 from typing import Callable
 
-from .prepare import output_size, prepare
+from .prepare import prepare
 from .settings import RunSettings
 
 
@@ -21,13 +21,13 @@ def run(cfg: RunSettings, overwrite: bool = False, progress: bool = True,
     from ssdgen.output.layout import SUMMARY
     cfg = cfg.dated(datetime.now(timezone.utc))  # `{date}`: today's (a scheduled run's flow fills its own)
     prep = prepare(cfg, overwrite)
-    if overwrite and (found := output_size(prep.out))[0]:
+    if overwrite and (found := prep.out.size())[0]:
         say(f"--overwrite: deleting the run at {prep.out.url} ({found[0]} files, {found[1] / 2**20:.1f} MiB) "
             "before starting")
     elif not overwrite and not prep.pending and prep.stale is None:
         say(f"nothing to do: all {len(prep.plan)} shards of {prep.out.url} are committed and their files check out "
             "(ssdgen verify reads them all back)")
-        recorded = prep.out.read_json(SUMMARY)
+        recorded = prep.out.read_summary()
         if recorded is not None:
             say("the run's recorded totals (summary.json, unchanged):")
             return recorded | {"shards_run_now": 0, "summary": prep.out.full_url(prep.out.path(SUMMARY))}

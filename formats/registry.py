@@ -77,6 +77,6 @@ def write_shard(out, attempt: str, shard: int, images: pa.Table, stats: pa.Table
     files = []
     for f in run_formats(fmt):
         data, rows = f.encode(shard, images, stats, shard_size)
-        files.append(out.write_bytes(f"{attempt}/{f.file_name(shard)}", data, rows))
-    files.append(out.write_table(f"{attempt}/{STATS}.parquet", stats))
+        files.append(out.store.write_bytes(f"{attempt}/{f.file_name(shard)}", data, rows))
+    files.append(out.store.write_table(f"{attempt}/{STATS}.parquet", stats))
     return files

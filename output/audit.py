@@ -70,6 +70,12 @@ def mark_rows(rows: list[dict], fraction: float) -> int:
     return n
 
 
+def write_audit(out, attempt: str, table: pa.Table) -> dict:
+    """A shard's audit rows as `audit.parquet` under its attempt (output.layout.Output); its record for the
+    marker."""
+    return out.store.write_table(f"{attempt}/{AUDIT_FILE}", table)
+
+
 def audit_table(rows: list[dict], label: str) -> pa.Table:
     return pa.Table.from_pylist([r | {"decoder": label} for r in rows], schema=AUDIT_SCHEMA)
 
@@ -88,7 +94,7 @@ def read_audit(out, committed: dict) -> pa.Table:
     tables = []
     for sid in sorted(committed):
         if (f := committed[sid].file("audit")) is not None:
-            with out.fs.open(out.path(f.path), "rb") as fh:
+            with out.store.fs.open(out.path(f.path), "rb") as fh:
                 # use_threads=False: a Python file (inputs.files._given_ids says why)
                 tables.append(pq.read_table(fh, use_threads=False).cast(AUDIT_SCHEMA))
     return pa.concat_tables(tables) if tables else AUDIT_SCHEMA.empty_table()

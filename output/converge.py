@@ -20,11 +20,11 @@ from datetime import datetime, timezone
 import pyarrow.parquet as pq
 
 from ssdgen.storage.store import CorruptMarker
-from .cost import price_from, run_summary
-from .layout import DIGEST_KEY, MANIFEST, SUMMARY, Output
+from .cost import price_from
+from .layout import DIGEST_KEY, MANIFEST, Output
 from .lease import Lease
 from .marker import MarkerDigest
-from .reader import MarkerFold
+from .summary import committed_totals
 from .verify import damaged_shards
 
 
@@ -36,7 +36,7 @@ def stale(out: Output, digest: str) -> str | None:
     """Why the manifest or summary does not name exactly the committed shards `digest` stands for; None when
     both do."""
     try:
-        summary = out.read_json(SUMMARY)
+        summary = out.read_summary()
     except CorruptMarker:
         return "summary.json is not valid JSON"
     n = _count(digest)
@@ -47,7 +47,7 @@ def stale(out: Output, digest: str) -> str | None:
                 f"the markers now say {n}" if summary.get("markers_digest") else
                 "summary.json does not record which commits it counts (written by an older ssdgen)")
     try:
-        with out.fs.open(out.path(MANIFEST), "rb") as f:
+        with out.store.fs.open(out.path(MANIFEST), "rb") as f:
             meta = pq.ParquetFile(f).metadata.metadata or {}
     except FileNotFoundError:
         return f"manifest.parquet is missing ({n} shards committed)"
@@ -64,19 +64,14 @@ def rebuild(out: Output, why: str, by: str) -> dict:
     cost over every committed shard; what the last run measured of its own speed stays as it recorded it.
     The caller holds the output's lease. Returns the new summary."""
     try:
-        old = out.read_json(SUMMARY) or {}
+        old = out.read_summary() or {}
     except CorruptMarker:  # rewritten whole below
         old = {}
     price = out.read_price() or price_from(old.get("device_type") or out.read_config().get("device_type") or "cpu")
-    fold = MarkerFold(out, audit=False)
-    totals = run_summary((m.to_dict() for m in fold.markers()), price, 0.0)
-    manifest = fold.manifest.close()
+    totals, _ = committed_totals(out, price, 0.0)
     speed = ("wall_s", "images_per_s")  # the last run's own figures, which the markers alone cannot give
     summary = old | {k: v for k, v in totals.items() if k not in speed or k not in old}
-    summary |= {"shards_committed": totals["shards"], "errors_by_reason": dict(fold.reasons.most_common()),
-                "rows_by_decoder": dict(fold.decoders.most_common()),
-                "markers_digest": fold.manifest.digest.value(), "manifest": manifest,
-                "rebuilt": {"by": by, "why": why, "at": datetime.now(timezone.utc).isoformat()}}
+    summary["rebuilt"] = {"by": by, "why": why, "at": datetime.now(timezone.utc).isoformat()}
     summary.setdefault("shards_total", old.get("shards_total"))
     summary.setdefault("out", out.url)
     summary["summary"] = out.write_summary(summary)

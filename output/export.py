@@ -52,7 +52,7 @@ def export(url: str, to: str, fmt: str = "parquet", fresh: bool = False) -> dict
                 m["shard"])))))
     schema = _schema(dst, dst.path(f.export_name(int(man[0]["shard"])))) if f.stats_export_name is None else None
     text = card(src, conf, f, man, schema, rows if schema is not None else None).encode()
-    dst.fs.pipe_file(dst.path(CARD), text)
+    dst.store.fs.pipe_file(dst.path(CARD), text)
     return {"shards": len(man), "files": len(sizes) + 1, "bytes": sum(sizes) + len(text), "rows": rows, "to": to}
 
 
@@ -70,7 +70,7 @@ def _shard(src: Output, m: dict, f, shard_size: int, dst: Output) -> tuple[int, 
 
 
 def _schema(dst: Output, path: str):
-    with dst.fs.open(path, "rb") as fh:
+    with dst.store.fs.open(path, "rb") as fh:
         return pq.read_schema(fh)
 
 
@@ -78,13 +78,13 @@ def _copy(src: Output, url: str, sha256: str | None, dst: Output, path: str) -> 
     """Stream one file across file systems (a tar may be a gigabyte), checking its SHA-256; returns its size."""
     h, n = hashlib.sha256(), 0
     _parent(dst, path)
-    with src.fs.open(fsspec.core.split_protocol(url)[1], "rb") as r, dst.fs.open(path, "wb") as w:
+    with src.store.fs.open(fsspec.core.split_protocol(url)[1], "rb") as r, dst.store.fs.open(path, "wb") as w:
         while chunk := r.read(CHUNK):
             h.update(chunk)
             w.write(chunk)
             n += len(chunk)
     if sha256 is not None and h.hexdigest() != sha256:
-        dst.fs.rm_file(path)  # not rm: it would read glob characters in the path as a pattern
+        dst.store.fs.rm_file(path)  # not rm: it would read glob characters in the path as a pattern
         raise OSError(f"{url}: its SHA-256 differs from its commit marker's; the file changed after the commit")
     return n
 
@@ -97,11 +97,11 @@ def _build(src: Output, m: dict, f, shard_size: int, dst: Output, path: str) -> 
     stats = read_columns(src, [m["stats_url"]], STATS_SCHEMA, STATS_SCHEMA.names)
     data, rows = f.encode(int(m["shard"]), images, stats, shard_size)
     _parent(dst, path)
-    dst.fs.pipe_file(path, data)
+    dst.store.fs.pipe_file(path, data)
     return len(data), rows
 
 
 def _parent(out: Output, path: str) -> None:
     """A local destination needs its folders; object stores have none (and must not get buckets made)."""
-    if out.backend.folders:
-        out.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    if out.store.backend.folders:
+        out.store.fs.makedirs(posixpath.dirname(path), exist_ok=True)

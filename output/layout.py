@@ -29,17 +29,21 @@ from __future__ import annotations
 import io
 import json
 import posixpath
+import re
 import uuid
 from dataclasses import asdict
 from typing import Iterable, Iterator
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ssdgen.decoders.sample_stats import stat_columns
 from ssdgen.formats import written
 from ssdgen.formats.hf import IMAGE_TYPE, hf_metadata
-from ssdgen.storage.store import CorruptMarker, Store
+from ssdgen.inputs.files import is_pattern
+from ssdgen.storage.endpoints import check_bucket
+from ssdgen.storage.store import CorruptMarker, StorageError, Store
 
 from .cost import Price, recorded_price
 from .marker import Marker, MarkerDigest
@@ -102,8 +106,71 @@ class ConfigMismatch(ValueError):
     """The output URL holds a run with other settings: resuming it would mix two runs."""
 
 
-class Output(Store):
-    """A run's output: its layout, settings, plan, markers, manifest and summary on a `Store`."""
+class Output:
+    """A run's output: its layout, settings, plan, markers, manifest and summary, kept on a `Store` it holds
+    (`store`). The run's code speaks of configs, plans, markers and attempts; only output/ and formats/ (which
+    write a shard's files) use the store underneath."""
+
+    def __init__(self, url: str):
+        self.store = Store(url)
+        self.url, self.root = url, self.store.root
+
+    @property
+    def fence(self):
+        """A callable that raises when this driver may no longer write (the run's lease, output.lease)."""
+        return self.store.fence
+
+    @fence.setter
+    def fence(self, check) -> None:
+        self.store.fence = check
+
+    def path(self, *parts: str) -> str:
+        return self.store.path(*parts)
+
+    def full_url(self, path: str) -> str:
+        return self.store.full_url(path)
+
+    def check_usable(self, flag: str) -> None:
+        """The store can create exclusively (commit markers and the lease need it: storage/backends.py), the
+        output is not a file, and its bucket exists (never created for the user): one line naming `flag`."""
+        store = self.store
+        store.backend.require_create_only(flag)
+        try:
+            if store.fs.isfile(self.root):
+                raise ValueError(f"{flag}: is a file; give a folder (or an object-store prefix) for the run")
+            if store.backend.buckets:
+                # a missing bucket, or an endpoint or credential error
+                check_bucket(flag, store.fs, self.root.split("/", 1)[0])
+        except OSError as e:
+            raise StorageError(e.errno, f"{flag}: cannot reach the store ({type(e).__name__}: {e})") from None
+
+    def is_inside(self, url: str) -> bool:
+        """Whether this output lies inside the input folder or glob `url` (a run would list its own files as
+        prompts); a file named exactly is not a folder."""
+        fs, path = fsspec.core.url_to_fs(url)
+        pattern = is_pattern(fs, path)  # `in[1]/` that exists is a folder, not a glob
+        base = (re.split(r"[*?\[]", path)[0] if pattern else path).rstrip("/")
+        same_store = type(fs) is type(self.store.fs)
+        return (same_store and (self.root == base or self.root.startswith(base + "/"))
+                and (pattern or not fs.isfile(path)))
+
+    def size(self) -> tuple[int, int]:
+        """(files, bytes) under the output, for what --overwrite says it deletes."""
+        try:
+            infos = self.store.fs.find(self.root, detail=True)
+        except FileNotFoundError:
+            return 0, 0
+        return len(infos), sum(int(i.get("size") or 0) for i in infos.values())
+
+    def clear(self, keep: str) -> None:
+        """Delete everything under the output but `keep` (the lease of the run that overwrites)."""
+        try:
+            entries = self.store.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return
+        for e in entries:
+            if posixpath.basename(e.rstrip("/")) != keep:
+                self.store.remove_tree(e)
 
     # paths ------------------------------------------------------------------------------------------
     def shard_dir(self, shard: int) -> str:
@@ -129,8 +196,8 @@ class Output(Store):
         """Record the settings; when `replacing` another run's (one that committed nothing), its plan goes too:
         it was measured for the old settings."""
         if replacing:
-            self.remove(PLAN)
-        self.put(self.path(CONFIG), json.dumps(config, indent=1, sort_keys=True).encode())
+            self.store.remove(PLAN)
+        self.store.put(self.path(CONFIG), json.dumps(config, indent=1, sort_keys=True).encode())
 
     def _mismatch(self, p: str, old: dict, config: dict, diff: list[str]) -> str:
         changed = _changed_input(old.get("inputs") or [], config.get("inputs") or [])
@@ -144,8 +211,16 @@ class Output(Store):
         return (f"{self.full_url(p)}: this output holds a run with other settings ({', '.join(diff)} differ; "
                 f"{k} was {was}, now {now}); use a new --out, the same settings to resume, or --overwrite")
 
+    def recorded_config(self) -> dict | None:
+        """What _config.json holds, or None before a run recorded its settings."""
+        return self.store.read_json(CONFIG)
+
+    def read_summary(self) -> dict | None:
+        """summary.json, or None before a run wrote one."""
+        return self.store.read_json(SUMMARY)
+
     def read_config(self) -> dict:
-        conf = self.read_json(CONFIG)
+        conf = self.store.read_json(CONFIG)
         if conf is None:
             raise FileNotFoundError(f"{self.full_url(self.path(CONFIG))}: no ssdgen run here (no {CONFIG})")
         return conf
@@ -154,7 +229,7 @@ class Output(Store):
         """A calibrated decoder's resolution, {"spec": the concrete spec's text, "measurements": {...}}
         (decoders/calibrate.py `resolve`), or None before one is made. A record of another shape (damaged, or
         from an older ssdgen) is one error naming the file, never a KeyError later."""
-        plan = self.read_json(PLAN)
+        plan = self.store.read_json(PLAN)
         if plan is not None and (not isinstance(plan, dict) or not isinstance(plan.get("spec"), str)
                                  or not isinstance(plan.get("measurements"), dict)):
             raise ValueError(f"{self.full_url(self.path(PLAN))}: not a resolved decode spec (no spec text and "
@@ -164,25 +239,25 @@ class Output(Store):
     def write_plan(self, plan: dict) -> None:
         """Record the resolution before any shard decodes by it: a resume reads it back instead of re-measuring,
         and its spec text alone reproduces the run's tokens."""
-        self.put(self.path(PLAN), json.dumps(plan, indent=1, sort_keys=True).encode())
+        self.store.put(self.path(PLAN), json.dumps(plan, indent=1, sort_keys=True).encode())
 
     def read_price(self) -> Price | None:
         """The price the run recorded (`write_price`), else the one its summary was costed at, else None."""
-        return recorded_price(self.read_json(PRICE)) or recorded_price((self.read_json(SUMMARY) or {}).get("price"))
+        return recorded_price(self.store.read_json(PRICE)) or recorded_price((self.read_summary() or {}).get("price"))
 
     def write_price(self, price: Price) -> None:
         """Record the run's price as it starts decoding: `ssdgen status` and the report cost the run at it
         before its summary exists, and a later run with another price replaces it."""
-        self.put(self.path(PRICE), json.dumps(asdict(price), indent=1, sort_keys=True).encode())
+        self.store.put(self.path(PRICE), json.dumps(asdict(price), indent=1, sort_keys=True).encode())
 
     # data and commit --------------------------------------------------------------------------------
     def commit(self, marker: Marker) -> bool:
         """Write the shard's marker create-only. False if another attempt committed first."""
-        return self.create(posixpath.join(self.shard_dir(marker.shard), MARKER), marker.to_json())
+        return self.store.create(posixpath.join(self.shard_dir(marker.shard), MARKER), marker.to_json())
 
     def marker_paths(self) -> list[str]:
         """Every commit marker's path, in shard order (by the id in the path, numerically)."""
-        return sorted(self.glob("shards", "*", MARKER), key=_shard_of)
+        return sorted(self.store.glob("shards", "*", MARKER), key=_shard_of)
 
     def committed_ids(self, n_shards: int) -> bytearray:
         """flags[i] == 1 when shard i is committed: from the markers' names alone, one byte per shard."""
@@ -198,9 +273,21 @@ class Output(Store):
         `skip` (found damaged, output.verify) are left out."""
         paths = [p for p in self.marker_paths() if _shard_of(p) not in skip]
         for i in range(0, len(paths), chunk):
-            data = self.cat_files(paths[i:i + chunk])
+            data = self.store.cat_files(paths[i:i + chunk])
             for p in sorted(data, key=_shard_of):
                 yield self.parse_marker(p, data[p])
+
+    def marker_of(self, shard: int) -> Marker | None:
+        """Shard `shard`'s commit marker, or None while it is uncommitted."""
+        p = posixpath.join(self.shard_dir(shard), MARKER)
+        try:
+            return self.parse_marker(p, self.store.fs.cat_file(p))
+        except FileNotFoundError:
+            return None
+
+    def remove_attempt(self, attempt: str) -> None:
+        """Remove an attempt folder this driver began and never committed, even after its lease was lost."""
+        self.store.remove_tree(attempt, fenced=False)
 
     def parse_marker(self, path: str, data: bytes) -> Marker:
         try:
@@ -215,7 +302,7 @@ class Output(Store):
         """Uncommit a damaged shard: its marker moves to _DAMAGED-{uuid}.json (kept for inspection), so the
         shard counts as pending and the next run re-decodes it; gc then removes the attempt it named."""
         p = posixpath.join(self.shard_dir(shard), MARKER)
-        self.move(p, posixpath.join(self.shard_dir(shard), f"{DAMAGED}-{uuid.uuid4().hex[:8]}.json"))
+        self.store.move(p, posixpath.join(self.shard_dir(shard), f"{DAMAGED}-{uuid.uuid4().hex[:8]}.json"))
 
     def committed(self) -> dict[int, Marker]:
         """shard id -> marker, for every committed shard. Holds them all: for tools and tests, not the flow."""
@@ -226,14 +313,14 @@ class Output(Store):
         attempts). Returns how many. Without `committed`, only shards with more than one attempt folder have
         their marker read: a committed shard's single folder is the one its marker names."""
         by_shard: dict[int, list[str]] = {}
-        for d in self.glob("shards", "*", "attempt-*"):
+        for d in self.store.glob("shards", "*", "attempt-*"):
             by_shard.setdefault(_shard_of(d), []).append(d)
         removed = 0
         for shard, dirs in sorted(by_shard.items()):
             if committed is not None:
                 marker = committed.get(shard)
-            elif len(dirs) > 1 and self.fs.exists(p := posixpath.join(self.shard_dir(shard), MARKER)):
-                marker = self.parse_marker(p, self.fs.cat_file(p))
+            elif len(dirs) > 1 and self.store.fs.exists(p := posixpath.join(self.shard_dir(shard), MARKER)):
+                marker = self.parse_marker(p, self.store.fs.cat_file(p))
             else:
                 continue
             if marker is None:
@@ -241,7 +328,7 @@ class Output(Store):
             keep = {f.attempt_dir for f in marker.files}
             for d in dirs:
                 if posixpath.relpath(d, self.root) not in keep:
-                    self.remove_tree(d)
+                    self.store.remove_tree(d)
                     removed += 1
         return removed
 
@@ -258,7 +345,7 @@ class Output(Store):
         return w.close()
 
     def write_summary(self, summary: dict) -> str:
-        self.put(self.path(SUMMARY), json.dumps(summary, indent=1, sort_keys=True).encode())
+        self.store.put(self.path(SUMMARY), json.dumps(summary, indent=1, sort_keys=True).encode())
         return self.full_url(self.path(SUMMARY))
 
 
@@ -293,7 +380,7 @@ class ManifestWriter:
         self.writer.add_key_value_metadata({DIGEST_KEY: self.digest.value()})
         self.writer.close()
         p = self.out.path(MANIFEST)
-        self.out.put(p, self.buf.getvalue())
+        self.out.store.put(p, self.buf.getvalue())
         return self.out.full_url(p)
 
 

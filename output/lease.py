@@ -119,7 +119,7 @@ class Lease:
             gen = self.check_free()
             t0 = time.monotonic()
             self.beat = 0
-            if self.out.create(self._path(gen + 1), self._record()):
+            if self.out.store.create(self._path(gen + 1), self._record()):
                 self.gen, self.renewed_at = gen + 1, t0
                 self._thread = threading.Thread(target=self._beat, name="ssdgen-lease", daemon=True)
                 self._thread.start()
@@ -135,14 +135,14 @@ class Lease:
         if self._still_ours():
             for gen in range(self.gen, 0, -1):  # ours and the dead holders' before us
                 try:
-                    self.out.fs.rm_file(self._path(gen))
+                    self.out.store.fs.rm_file(self._path(gen))
                 except FileNotFoundError:
                     break
 
     def give_back(self) -> None:
         """Remove our lease now, without waiting for the heartbeat (a hard exit: flows.interrupts)."""
         if self._still_ours():
-            self.out.fs.rm_file(self._path(self.gen))
+            self.out.store.fs.rm_file(self._path(self.gen))
 
     def check(self) -> None:
         """Raise LeaseLost unless this driver may still write: the output's fence, called before every write
@@ -181,7 +181,7 @@ class Lease:
         if not self._still_ours():
             return self._lose("another driver took it over")
         self.beat += 1
-        self.out.put(self._path(self.gen), self._record())
+        self.out.store.put(self._path(self.gen), self._record())
         if (late := time.monotonic() - self.renewed_at) >= self.ttl:
             return self._lose(f"it went {late:.0f} s without a renewal, more than its {self.ttl:.0f} s time to "
                               "live, so another driver may have taken it over")
@@ -246,7 +246,7 @@ class Lease:
     def _generations(self) -> list[int]:
         try:
             # refresh: an object store's client caches listings, and a takeover must be seen by the holder
-            names = self.out.fs.ls(self.out.path(LEASE_DIR), detail=False, refresh=True)
+            names = self.out.store.fs.ls(self.out.path(LEASE_DIR), detail=False, refresh=True)
         except FileNotFoundError:
             return []
         return sorted(int(n) for n in (posixpath.basename(p).removesuffix(".json") for p in names) if n.isdigit())
@@ -257,7 +257,7 @@ class Lease:
             return _Top(0)
         path = self._path(gens[-1])
         try:
-            raw = self.out.fs.cat_file(path)
+            raw = self.out.store.fs.cat_file(path)
         except FileNotFoundError:  # released meanwhile
             return _Top(gens[-1], path)
         rec, problem = _parse(raw)

@@ -12,7 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+
+from ssdgen.workers.results import UNRECORDED
 
 
 def file_kind(path: str) -> str:
@@ -99,6 +103,46 @@ class Marker:
     @classmethod
     def from_json(cls, data: bytes) -> "Marker":
         return cls.from_dict(json.loads(data))
+
+
+@dataclass(frozen=True)
+class ShardWork:
+    """What a shard's decoding cost and where it ran, as the flow measured it (flows.window.Job): the marker's
+    accounting is computed from this in one place (`shard_fields`)."""
+
+    shard: int
+    alloc_s: float  # the actor's time charged to the shard (flows.scheduling), audit included
+    busy_s: float
+    load_s: float  # model load (and a calibration actor's seconds, charged with the first commit)
+    devices: float
+    device_type: str
+    started_at: str | None
+    where: dict  # {pid, node_id, device} of the actor (workers.results.BatchResult.worker)
+    batches: int
+
+
+def shard_fields(work: ShardWork, samples: dict, decoder: str, audit: dict | None) -> dict:
+    """A decoded shard's marker before its files exist: its rows' outcomes counted from `samples` (prompt_id ->
+    workers.results.Sample), its accounting, its decoder (what the results reported) and, with --audit, the
+    audit's {rows, seconds, device_seconds} (output.audit), whose seconds leave the images' time."""
+    errors = Counter(s.error for s in samples.values() if not s.ok)
+    reasons = Counter(s.error_reason or UNRECORDED for s in samples.values() if not s.ok)
+    wall = max(0.0, work.alloc_s - (audit or {}).get("seconds", 0.0))
+    dev = work.devices
+    return {"shard": work.shard, "rows": len(samples), "ok": len(samples) - sum(errors.values()),
+            "failed": sum(errors.values()), "errors": dict(errors.most_common(10)),
+            "error_reasons": dict(reasons.most_common()), "wall_s": wall, "busy_s": work.busy_s,
+            "load_s": work.load_s, "devices": dev, "device_type": work.device_type,
+            "device_seconds_allocated": (wall + work.load_s) * dev, "device_seconds_busy": work.busy_s * dev,
+            "started_at": work.started_at, "actor_pid": work.where.get("pid"), "node_id": work.where.get("node_id"),
+            "device": work.where.get("device"), "batches": work.batches, "decoder": decoder} \
+        | ({"audit": audit} if audit is not None else {})
+
+
+def committed_marker(pending: dict, attempt: str, files: list[dict]) -> Marker:
+    """The marker `shard_fields` began, completed with the attempt whose files it names, at the commit."""
+    return Marker.from_dict(pending | {"attempt": attempt.rsplit("/", 1)[-1], "files": files,
+                                       "finished_at": datetime.now(timezone.utc).isoformat()})
 
 
 class MarkerDigest:

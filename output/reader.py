@@ -40,7 +40,7 @@ from ssdgen.workers.results import UNRECORDED
 
 from .audit import DEFAULT_TOLERANCE, summarize as audit_summary
 from .cost import Price, check_price_options, price_from, run_summary
-from .layout import (CONFIG, IMAGES_SCHEMA, MANIFEST, STATS_SCHEMA, SUMMARY, Output, images_schema, manifest_row,
+from .layout import (IMAGES_SCHEMA, MANIFEST, STATS_SCHEMA, Output, images_schema, manifest_row,
                      manifest_schema)
 from .verify import damaged_shards
 
@@ -51,8 +51,8 @@ def committed_shards(url: str, fresh: bool = False) -> pa.Table:
     `fresh`. Raises FileNotFoundError when the URL holds no run."""
     out = Output(url)
     out.read_config()  # a clear error when the URL is not a run
-    if not fresh and out.fs.exists(out.path(MANIFEST)):
-        with out.fs.open(out.path(MANIFEST), "rb") as f:
+    if not fresh and out.store.fs.exists(out.path(MANIFEST)):
+        with out.store.fs.open(out.path(MANIFEST), "rb") as f:
             man = pq.read_table(f, use_threads=False)  # a Python file: inputs.files._given_ids says why
         # a manifest from before a column existed (tar_url, ...) gets it as nulls
         schema = manifest_schema()
@@ -97,7 +97,7 @@ def run_images_schema(out: Output, urls: list[str]) -> pa.Schema:
     (inputs.columns), which every shard of a run has alike (its config pins them): from the first file's footer."""
     if not urls:
         return IMAGES_SCHEMA
-    with out.fs.open(fsspec.core.split_protocol(urls[0])[1], "rb") as f:
+    with out.store.fs.open(fsspec.core.split_protocol(urls[0])[1], "rb") as f:
         found = pq.read_schema(f)
     return images_schema(pa.schema([f for f in found if f.name not in IMAGES_SCHEMA.names]))
 
@@ -107,7 +107,7 @@ def read_columns(out: Output, urls: list[str], schema: pa.Schema, names: list[st
     before a column existed reads it as nulls."""
     paths = [fsspec.core.split_protocol(u)[1] for u in urls]
     sub = pa.schema([schema.field(n) for n in names])
-    return ds.dataset(paths, schema=sub, format="parquet", filesystem=out.fs).to_table()
+    return ds.dataset(paths, schema=sub, format="parquet", filesystem=out.store.fs).to_table()
 
 
 def shard_images(out: Output, row: dict) -> list[dict]:
@@ -117,7 +117,7 @@ def shard_images(out: Output, row: dict) -> list[dict]:
     for f in written():
         url = row.get(f.manifest_columns[0])
         if url and f.read_images is not None:
-            with out.fs.open(fsspec.core.split_protocol(url)[1], "rb") as fh:
+            with out.store.fs.open(fsspec.core.split_protocol(url)[1], "rb") as fh:
                 return f.read_images(fh)
     raise ValueError(f"{out.url}: shard {row['shard']} has no file its images read back from")
 
@@ -145,7 +145,7 @@ def read_run(url: str, samples: int = 24) -> dict:
             kept += keep
             images.append(im if keep else im | {"image": None})
     return {"url": url, "files": man, "markers": markers, "stats": stats, "images": images,
-            "summary": out.read_json(SUMMARY), "config": out.read_json(CONFIG), "damaged": damaged,
+            "summary": out.read_summary(), "config": out.recorded_config(), "damaged": damaged,
             "plan": out.read_plan(), "price": out.read_price()}
 
 
@@ -239,7 +239,7 @@ def run_status(url: str, deep: bool = False, prices=None, usd_per_hour=None, spo
     damaged = [d for d in damaged_shards(out, deep=deep) if d.shard < n_shards]
     for d in damaged:
         done[d.shard] = 0
-    recorded = out.read_json(SUMMARY) or {}
+    recorded = out.read_summary() or {}
     failed = {int(k): v for k, v in recorded.get("shards_failed", {}).items() if int(k) < n_shards and not done[int(k)]}
     bad = frozenset(d.shard for d in damaged)
     fold = MarkerFold(out, audit=bool(conf.get("audit")), manifest=False, skip=bad)

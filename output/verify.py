@@ -36,9 +36,9 @@ class Damage:
 
 def _listing(out: Output) -> dict[str, dict]:
     """path -> info of every file under shards/ (one paginated listing, not a request per file)."""
-    out.fs.invalidate_cache()  # an object store's client caches listings: this one must be the store's now
+    out.store.fs.invalidate_cache()  # an object store's client caches listings: this one must be the store's now
     try:
-        return out.fs.find(out.path("shards"), detail=True)
+        return out.store.fs.find(out.path("shards"), detail=True)
     except FileNotFoundError:
         return {}
 
@@ -57,7 +57,7 @@ def _check_file(out: Output, rec: FileRecord, info: dict | None, deep: bool) -> 
     touched = rec.mtime is not None and info.get("mtime") is not None and info["mtime"] != rec.mtime
     if deep or touched:
         h = hashlib.sha256()
-        with out.fs.open(out.path(rec.path), "rb") as f:
+        with out.store.fs.open(out.path(rec.path), "rb") as f:
             while chunk := f.read(8 * 2**20):
                 h.update(chunk)
         if h.hexdigest() != rec.sha256:
@@ -71,7 +71,7 @@ def damaged_shards(out: Output, deep: bool = False, sound: MarkerDigest | None =
     listing = _listing(out)
     paths = sorted((p for p in listing if p.endswith("/" + MARKER)), key=_shard_of)
     for i in range(0, len(paths), 512):
-        chunk = out.cat_files(paths[i:i + 512])
+        chunk = out.store.cat_files(paths[i:i + 512])
         for p in sorted(chunk, key=_shard_of):
             try:
                 m = out.parse_marker(p, chunk[p])

@@ -61,7 +61,7 @@ def test_audit_settings_are_recorded_whether_or_not_auditing():
 
 def _commit(out, shard, rows, seconds):
     attempt = out.new_attempt(shard)
-    f = out.write_table(f"{attempt}/{AUDIT_FILE}", audit_table(rows, "csd"))
+    f = out.store.write_table(f"{attempt}/{AUDIT_FILE}", audit_table(rows, "csd"))
     out.commit(Marker.from_dict({"shard": shard, "files": [f], "audit": {"rows": len(rows), "seconds": seconds,
                                                                          "device_seconds": 2 * seconds}}))
     return attempt
@@ -81,7 +81,7 @@ def test_summary_reads_only_committed_audit_rows_and_costs_them_apart(tmp_path):
     _commit(out, 0, _rows(0.4 + 0.05 * rng.standard_normal(20)), 3.0)
     _commit(out, 1, _rows(0.4 + 0.05 * rng.standard_normal(20), start=20), 1.0)
     stray = out.new_attempt(2)  # an attempt that never committed: its rows must not count
-    out.write_table(f"{stray}/{AUDIT_FILE}", audit_table(_rows([9.0] * 5, start=40), "csd"))
+    out.store.write_table(f"{stray}/{AUDIT_FILE}", audit_table(_rows([9.0] * 5, start=40), "csd"))
     price = price_for("cpu")
     a = summarize(out, out.committed(), 0.05, 0.15, price)
     assert a["n"] == 40 and a["decoder"] == "csd" and a["fd"] is None

@@ -9,7 +9,7 @@ from ssdgen.output.verify import damaged_shards
 
 def _commit(out: Output, shard: int, data: bytes) -> dict:
     attempt = out.new_attempt(shard)
-    rec = out.write_bytes(f"{attempt}/stats.parquet", data, rows=1)
+    rec = out.store.write_bytes(f"{attempt}/stats.parquet", data, rows=1)
     out.commit(Marker.from_dict({"shard": shard, "files": [rec], "rows": 1, "ok": 1, "failed": 0}))
     return rec
 

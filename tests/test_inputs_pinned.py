@@ -117,7 +117,7 @@ def _commit(out, shard: int) -> None:
     images, stats = shard_tables({f"s{shard}": Sample(f"s{shard}", "ok", latency_s=0.1)},
                                  [{"prompt_id": f"s{shard}", "prompt": "x", "seed": 1}], "ar", "tiny")
     a = out.new_attempt(shard)
-    files = [out.write_table(f"{a}/images.parquet", images), out.write_table(f"{a}/stats.parquet", stats)]
+    files = [out.store.write_table(f"{a}/images.parquet", images), out.store.write_table(f"{a}/stats.parquet", stats)]
     out.commit(Marker.from_dict({"shard": shard, "attempt": a.rsplit("/", 1)[-1], "files": files, "rows": 1, "ok": 1,
                                  "failed": 0, "wall_s": 1.0, "busy_s": 0.5, "load_s": 0.0, "devices": 1.0,
                                  "device_seconds_allocated": 1.0, "device_seconds_busy": 0.5,
@@ -126,15 +126,14 @@ def _commit(out, shard: int) -> None:
 
 def test_an_output_with_glob_characters_lists_reads_and_deletes_only_its_own_files(tmp_path):
     from ssdgen.output.layout import Output
-    from ssdgen.flows.prepare import clear
     from ssdgen.output.verify import damaged_shards
     out, twin = Output(str(tmp_path / ODD)), Output(str(tmp_path / TWIN))
     for s in (0, 2):
         _commit(out, s)
     for s in (1, 2, 3):
         _commit(twin, s)
-    out.put(f"{out.new_attempt(2)}/images.parquet", b"a losing attempt's file")  # gc removes it
-    twin.put(f"{twin.new_attempt(2)}/images.parquet", b"the twin's losing attempt")  # ... and not this one
+    out.store.put(f"{out.new_attempt(2)}/images.parquet", b"a losing attempt's file")  # gc removes it
+    twin.store.put(f"{twin.new_attempt(2)}/images.parquet", b"the twin's losing attempt")  # ... and not this one
     twin_files = sorted(p for p in (tmp_path / TWIN).rglob("*"))
     assert list(out.committed_ids(4)) == [1, 0, 1, 0]
     assert [m.shard for m in out.iter_markers()] == [0, 2]
@@ -142,7 +141,7 @@ def test_an_output_with_glob_characters_lists_reads_and_deletes_only_its_own_fil
     assert out.gc() == 1
     out.set_aside(2)
     assert list(out.committed_ids(4)) == [1, 0, 0, 0]
-    clear(out, keep="_lease")
+    out.clear(keep="_lease")
     assert not any((tmp_path / ODD).iterdir())
     assert sorted(p for p in (tmp_path / TWIN).rglob("*")) == twin_files  # the twin's files, all still there
     assert list(twin.committed_ids(4)) == [0, 1, 1, 1]

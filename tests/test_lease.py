@@ -25,7 +25,7 @@ def _dead_pid() -> int:
 def _record(out: Output, gen: int, **kw) -> None:
     rec = {"owner": "x", "host": socket.gethostname(), "pid": os.getpid(), "started_at": "then",
            "heartbeat": time.time()} | kw
-    out.put(out.path(LEASE_DIR, f"{gen:08d}.json"), json.dumps(rec).encode())
+    out.store.put(out.path(LEASE_DIR, f"{gen:08d}.json"), json.dumps(rec).encode())
 
 
 def test_a_held_lease_refuses_a_second_driver_naming_the_holder(tmp_path):
@@ -98,7 +98,7 @@ def test_a_holder_an_hour_ahead_on_another_host_is_taken_over_after_the_ttl(tmp_
 ])
 def test_a_corrupt_lease_is_named_and_taken_over_after_the_ttl(tmp_path, content, problem):
     out = Output(str(tmp_path / "run"))
-    out.put(out.path(LEASE_DIR, "00000001.json"), content)
+    out.store.put(out.path(LEASE_DIR, "00000001.json"), content)
     said = []
     t0 = time.monotonic()
     with Lease(out, ttl=1, say=said.append) as taken:
@@ -112,14 +112,14 @@ def test_a_corrupt_lease_that_changes_is_refused_naming_the_file(tmp_path):
     """Something rewrites it (another program, a newer ssdgen): not taken over; the error names the file."""
     out = Output(str(tmp_path / "run"))
     path = out.path(LEASE_DIR, "00000001.json")
-    out.put(path, b"garbage 0")
+    out.store.put(path, b"garbage 0")
     stop = threading.Event()
 
     def rewrite():
         n = 0
         while not stop.wait(0.1):
             n += 1
-            out.put(path, f"garbage {n}".encode())
+            out.store.put(path, f"garbage {n}".encode())
     t = threading.Thread(target=rewrite, daemon=True)
     t.start()
     try:
@@ -149,16 +149,16 @@ def test_a_holder_whose_lease_was_taken_over_stops_committing(tmp_path):
 def test_the_lease_heartbeats(tmp_path):
     out = Output(str(tmp_path / "run"))
     with Lease(out, ttl=0.4) as lease:
-        first = json.loads(out.fs.cat_file(lease._path(lease.gen)))["heartbeat"]
+        first = json.loads(out.store.fs.cat_file(lease._path(lease.gen)))["heartbeat"]
         time.sleep(0.5)
-        assert json.loads(out.fs.cat_file(lease._path(lease.gen)))["heartbeat"] > first
+        assert json.loads(out.store.fs.cat_file(lease._path(lease.gen)))["heartbeat"] > first
 
 
 def test_on_s3_one_of_two_drivers_takes_a_generation(s3):
     out = Output("s3://ssdgen-test/run")
     a = Lease(out).acquire()
     try:
-        assert not out.create(a._path(a.gen), b"{}")  # create-only: the same generation cannot be taken twice
+        assert not out.store.create(a._path(a.gen), b"{}")  # create-only: the same generation cannot be taken twice
         with pytest.raises(LeaseHeld, match=f"pid {os.getpid()}"):
             Lease(Output("s3://ssdgen-test/run")).acquire()
     finally:
@@ -195,15 +195,15 @@ def test_a_driver_that_slept_through_a_takeover_writes_nothing(tmp_path):
     a = Lease(Output(url), ttl=1).acquire()
     run = Output(url)
     run.fence = a.check  # as the flow sets it
-    run.put(run.path("summary.json"), b"{}")  # held: writes go through
+    run.store.put(run.path("summary.json"), b"{}")  # held: writes go through
     _frozen(a)
     time.sleep(1.1)  # the ttl passes without a heartbeat
     b = Lease(Output(url), ttl=1).acquire()  # same host, heartbeat over the ttl old: taken over at once
     assert b.gen == 2
-    for write in (lambda: run.put(run.path("summary.json"), b"late"),
-                  lambda: run.write_bytes(run.path("shards", "000000", "attempt-x", "images.parquet"), b"x", 1),
-                  lambda: run.create(run.path("shards", "000000", "_SUCCESS.json"), b"{}"),
-                  lambda: run.remove_tree(run.path("shards"))):
+    for write in (lambda: run.store.put(run.path("summary.json"), b"late"),
+                  lambda: run.store.write_bytes(run.path("shards", "000000", "attempt-x", "images.parquet"), b"x", 1),
+                  lambda: run.store.create(run.path("shards", "000000", "_SUCCESS.json"), b"{}"),
+                  lambda: run.store.remove_tree(run.path("shards"))):
         with pytest.raises(LeaseLost, match="lost the run's lease"):
             write()
     assert (tmp_path / "run" / "summary.json").read_bytes() == b"{}"
@@ -226,9 +226,9 @@ def test_a_driver_that_loses_the_lease_mid_shard_leaves_no_attempt(tmp_path, mon
             raise LeaseLost("taken over")
 
     def files(out, attempt, shard, *rest):
-        first = out.write_bytes(f"{attempt}/images.parquet", b"x", 1)
+        first = out.store.write_bytes(f"{attempt}/images.parquet", b"x", 1)
         lost.set()  # meanwhile another driver took the output over
-        return [first, out.write_bytes(f"{attempt}/stats.parquet", b"y", 1)]
+        return [first, out.store.write_bytes(f"{attempt}/stats.parquet", b"y", 1)]
 
     out.fence = fence
     monkeypatch.setattr(commit, "shard_marker", lambda job, cfg, spec, planning_s=0.0: ({"shard": 0}, None, None, None))

@@ -55,7 +55,7 @@ def _shard(tmp_path, fmt="webp"):
     samples["p2"] = Sample.failed("p2", "bad", "grammar")
     images, _ = shard_tables(samples, rows, "ar", "tiny", fmt)
     out = Output(str(tmp_path / "run"))
-    rec = out.write_table(out.path("shards", "000000", "attempt-x", "images.parquet"), images)
+    rec = out.store.write_table(out.path("shards", "000000", "attempt-x", "images.parquet"), images)
     return out.path(rec["path"])
 
 

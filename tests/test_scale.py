@@ -76,7 +76,8 @@ def _commit(out, shard: int, attempts: int = 1) -> None:
     images, stats = shard_tables({f"s{shard}": Sample(f"s{shard}", "ok", latency_s=0.1)}, rows, "ar", "tiny")
     for _ in range(attempts):  # earlier attempts lose: only the last commits
         a = out.new_attempt(shard)
-        files = [out.write_table(f"{a}/images.parquet", images), out.write_table(f"{a}/stats.parquet", stats)]
+        files = [out.store.write_table(f"{a}/images.parquet", images),
+                 out.store.write_table(f"{a}/stats.parquet", stats)]
     out.commit(Marker.from_dict({"shard": shard, "attempt": a.rsplit("/", 1)[-1], "files": files, "rows": 1,
                                  "ok": 1, "failed": 0, "wall_s": 1.0, "busy_s": 0.5, "load_s": 0.0, "devices": 1.0,
                                  "device_seconds_allocated": 1.0, "device_seconds_busy": 0.5, "device_type": "cpu"}))

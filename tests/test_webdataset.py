@@ -68,7 +68,7 @@ def _run_dir(tmp_path):
     out.write_config({"shard_size": 4}, replacing=False)
     committed = _commit(out, 0)
     losing = out.new_attempt(0)
-    out.write_bytes(f"{losing}/00000.tar", b"half a tar", 1)
+    out.store.write_bytes(f"{losing}/00000.tar", b"half a tar", 1)
     from ssdgen.formats import write_shard
     write_shard(out, out.new_attempt(1), 1, *_tables(1), "both", 4)
     return out, committed
@@ -78,7 +78,7 @@ def test_an_uncommitted_or_interrupted_tar_is_never_read(tmp_path):
     import webdataset as wds
     import ssdgen
     out, committed = _run_dir(tmp_path)
-    assert len(out.fs.glob(out.path("shards", "*", "attempt-*", "*.tar"))) == 3  # all written, one committed
+    assert len(out.store.fs.glob(out.path("shards", "*", "attempt-*", "*.tar"))) == 3  # all written, one committed
     got = ssdgen.open_run(out.url).to_table()  # no manifest yet: from the markers
     assert got.column("prompt_id").to_pylist() == ["s0-p0", "s0-p1", "s0-p2"]
     assert got.column("forwards").to_pylist() == [7, 8, None] and got.column("status").to_pylist()[2] == "error"

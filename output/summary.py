@@ -1,0 +1,65 @@
+"""summary.json: what a run's summary holds, spelled in one place.
+
+Two parts. `committed_totals` folds the commit markers once (output.reader.MarkerFold): the totals and cost over
+every committed shard (output.cost.run_summary), the rows by decoder and by error reason, and the manifest written
+from the same stream, with the digest of the commits it names (output.converge). `this_run` is what only the run
+itself measured: its wall time and start-up, its images and commits, its failures and the settings that decided
+its images. A run writes both (flows.pipeline); `ssdgen verify --repair` rebuilds the first and keeps the second
+as the last run recorded it (output.converge.rebuild).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from ssdgen.storage.store import StorageError
+
+from .cost import Price, run_summary
+from .layout import Output
+from .reader import MarkerFold, plan_summary
+
+
+def committed_totals(out: Output, price: Price, wall_s: float, audit: bool = False) -> tuple[dict, MarkerFold]:
+    """(the totals over every committed shard, with the manifest's URL; the fold, whose errors, reasons and
+    audit rows the caller may use). Writes manifest.parquet."""
+    fold = MarkerFold(out, audit=audit)
+    totals = run_summary((m.to_dict() for m in fold.markers()), price, wall_s)
+    manifest = final_write(out, fold.manifest.close, totals["shards"])
+    return totals | {"shards_committed": totals["shards"], "errors_by_reason": dict(fold.reasons.most_common()),
+                     "rows_by_decoder": dict(fold.decoders.most_common()),
+                     "markers_digest": fold.manifest.digest.value(), "manifest": manifest}, fold
+
+
+def this_run(cfg, ran: dict, wall_s: float, shards_total: int, redecoded: list[int], removed: int,
+             plan: dict | None) -> dict:
+    """What the run measured of itself. cfg: its settings (flows.settings.RunSettings); ran: what its pool did
+    (flows.pipeline: images, commits, startup_s, failed, commit_latency_s, interrupted, batch_size); redecoded:
+    the damaged shards it set aside; removed: the attempts its gc removed; plan: `_plan.json`."""
+    images, startup_s = ran["images"], ran["startup_s"]
+    steady = wall_s - startup_s  # start-up (plan, Ray, actors, model loads) is paid once; steady state is not
+    return {"images_this_run": images, "images_per_s": images / wall_s if wall_s > 0 else None,
+            "startup_s": startup_s,
+            "images_per_s_steady": images / steady if ran["commits"] and steady > 0 else None,
+            "out": cfg.out, "shards_total": shards_total, "shards_run_now": ran["commits"],
+            "shards_failed": {str(k): v for k, v in ran["failed"].items()}, "shards_redecoded": redecoded,
+            "attempts_removed": removed, "decoder": str(cfg.decoder), "model": cfg.model,
+            "batch_size": ran.get("batch_size", cfg.batch_size), "image_format": cfg.image_format,
+            "format": cfg.format, "actors": cfg.actors, "device_type": cfg.device_type,
+            "commit_latency_s": ran["commit_latency_s"], "decode_plan": plan_summary(plan),
+            "interrupted": ran.get("interrupted") is not None, "finished_at": datetime.now(timezone.utc).isoformat()}
+
+
+def write_summary(out: Output, summary: dict) -> str:
+    """summary.json replaced whole; its URL."""
+    return final_write(out, out.write_summary, summary.get("shards_committed", 0), summary)
+
+
+def final_write(out: Output, write, shards: int, *args) -> str:
+    """The manifest's or the summary's write (already retried through transient faults, storage.retry); when it
+    still fails, one line that says the commits are safe and how the files come back (output.converge)."""
+    try:
+        return write(*args)
+    except OSError as e:
+        raise StorageError(e.errno, f"{e}: could not write manifest.parquet and summary.json; the {shards} "
+                           f"committed shards are safe, and the next `ssdgen generate` with the same arguments, "
+                           f"or `ssdgen verify --repair {out.url}`, rebuilds them from the commit markers") from None

@@ -73,7 +73,8 @@ def shard_columns(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
     a piece's file lacks is null there."""
     parts = []
     for t in tables:
-        cols = [t.column(f.name).cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+        names = set(t.column_names)  # once per piece: a list is built on each access (quadratic in wide files)
+        cols = [t.column(f.name).cast(f.type) if f.name in names else pa.nulls(t.num_rows, f.type)
                 for f in schema]
         parts.append(pa.Table.from_arrays(cols, schema=schema))
     return pa.concat_tables(parts) if parts else schema.empty_table()

@@ -275,7 +275,7 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
     `quality_decoders`: the decoder specs to score for quality (default: all); lossless decoders sample AR's
     distribution by construction (tested exactly and statistically), so a run may spend its time elsewhere."""
     from ssdgen.bench.load import LoadMonitor
-    from ssdgen.reference.prompts import eval_prompts
+    from ssdgen.reference.prompts import eval_prompts, eval_seed
     sc = check_args(specs, batch_sizes)
     if rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {rounds}")
@@ -287,7 +287,7 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
     built = {spec: build(spec, model) for spec in decs}  # heads loaded once; missing heads fail before any decode
     rows_ = eval_prompts(n)
     prompts = [r["prompt"] for r in rows_]
-    seeds = [seed * 1_000_003 + r["seed"] for r in rows_]
+    seeds = [eval_seed(seed, r["seed"]) for r in rows_]
     if warmup:
         for spec in decs:
             built[spec].resolve(prompts[:1], seeds[:1], 1).decode(prompts[:1], seeds[:1])
@@ -394,9 +394,9 @@ def _add_fidelity(model, decs, rows, n, batch, seed, tolerance, log) -> dict | N
     calibrated spec's row gets the fidelity of what its plan decoded at that batch size (`fidelity_of`): one
     of its choices, or the AR control."""
     from ssdgen.bench.fidelity import choices, fidelity
-    from ssdgen.reference.prompts import eval_prompts
+    from ssdgen.reference.prompts import eval_prompts, eval_seed
     ev = eval_prompts(n)
-    fid = fidelity(model, decs, [r["prompt"] for r in ev], [seed * 1_000_003 + r["seed"] for r in ev],
+    fid = fidelity(model, decs, [r["prompt"] for r in ev], [eval_seed(seed, r["seed"]) for r in ev],
                    batch, tolerance, log=log, keep_images=8)
     by_label = {r["decoder"]: r for r in fid["rows"]}
     specs = {s.label: s for s in decs}

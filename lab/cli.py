@@ -196,10 +196,15 @@ def eval_scorer(n: int = typer.Option(1024, help="held-out renders"),
 @friendly
 def tokenizer_report(n: int = typer.Option(1024, help="held-out renders"),
                      json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
-                     model: Optional[str] = MODEL):
+                     model: Optional[str] = MODEL,
+                     size: Optional[int] = typer.Option(None, help="render side in pixels, 64 or 128 (default: the "
+                                                                   "model's own, 4 pixels per token)"),
+                     floor: bool = typer.Option(False, help="also the scorer on renders and reconstructions and the "
+                                                            "tokenizer's FD floor")):
     """VQ reconstruction PSNR per background kind, and above/left token agreement on real renders."""
     from lab.reference.tokenizer_report import tokenizer_report as run
-    res = run(model_on(model).vq, n)
+    m = model_on(model)
+    res = run(m.vq, n, size or 4 * m.grid[0], floor)
     typer.echo(json.dumps(res, indent=1))
     if json_path:
         json_path.write_text(json.dumps(res, indent=1))
@@ -208,7 +213,7 @@ def tokenizer_report(n: int = typer.Option(1024, help="held-out renders"),
 @app.command("figures")
 @friendly
 def figures(out: Path = typer.Option(..., help="folder for the PNGs and JSON (docs replaces the docs' figures)"),
-            seed: int = typer.Option(0, help="added to each eval prompt's own seed"),
+            seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
             model: Optional[str] = MODEL, n: int = typer.Option(256, help="eval prompts for CSD"),
             csd: str = typer.Option("csd", help="the CSD decode spec whose commit maps to show; "
                                     "its sampling settings are the AR grid's too. " + SPEC_HELP)):
@@ -220,18 +225,18 @@ def figures(out: Path = typer.Option(..., help="folder for the PNGs and JSON (do
     from ssdgen.decoders.spec import DecodeSpec
     from ssdgen.reference.evaluate import generate
     from ssdgen.reference.grid import captioned_grid
-    from ssdgen.reference.prompts import eval_prompts
+    from ssdgen.reference.prompts import eval_prompts, eval_seed
 
     from lab.reference.commit_maps import content_awareness, overlay
     spec = spec_of(csd)
     m = model_on(model)  # on the CPU in fp32
     out.mkdir(parents=True, exist_ok=True)
     rows = eval_prompts(16)
-    prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
+    prompts, seeds = [r["prompt"] for r in rows], [eval_seed(seed, r["seed"]) for r in rows]
     images, _, _ = generate(m, prompts, seeds, build(DecodeSpec("ar", (), spec.sampling), m), 16)
     captioned_grid(list(images), prompts).save(out / "samples_grid.png")
     rows = eval_prompts(n)
-    prompts, seeds = [r["prompt"] for r in rows], [seed + r["seed"] for r in rows]
+    prompts, seeds = [r["prompt"] for r in rows], [eval_seed(seed, r["seed"]) for r in rows]
     dec = build(spec, m)
     images, stats, _ = generate(m, prompts, seeds, dec, 16, desc=spec.label)  # speculation's cheap batch on a CPU
     maps = [s.commit_map for s in stats]

@@ -22,7 +22,7 @@ from ssdgen.decoders.spec import DecodeSpec
 
 from . import captions as cap
 from .fd import frechet_distance
-from .prompts import eval_prompts
+from .prompts import eval_prompts, eval_seed
 from .scenes import JITTER, Scene, render
 from .scorer import load_scorer, predict, score
 
@@ -57,7 +57,7 @@ def generate(model, prompts: list[str], seeds: list[int], dec: Decoder, batch_si
 def evaluate(model, spec: DecodeSpec = DecodeSpec(), n: int = 1024, batch_size: int = 64, seed: int = 0) -> dict:
     rows = eval_prompts(n)
     prompts = [r["prompt"] for r in rows]
-    seeds = [seed * 1_000_003 + r["seed"] for r in rows]
+    seeds = [eval_seed(seed, r["seed"]) for r in rows]
     k = max(batch_size, CALIBRATION_PROMPTS)  # a calibrated spec resolves as a run resolves it, on its first prompts
     dec = build(spec, model).resolve(prompts[:k], seeds[:k], batch_size)
     images, stats, seconds = generate(model, prompts, seeds, dec, batch_size)

@@ -50,6 +50,13 @@ def eval_prompts(n: int | None = None) -> list[dict]:
     return mixed[: (n or len(mixed))]
 
 
+def eval_seed(run_seed: int, prompt_seed: int) -> int:
+    """The seed an eval prompt decodes with under a run seed: its own seed at run seed 0 (the docs' numbers), and
+    for each other run seed another (1,000,003 is a prime above every prompt's seed, so no two (run seed, prompt)
+    pairs share one). The one rule every eval, bench, fidelity and calibration run derives its seeds by."""
+    return run_seed * 1_000_003 + prompt_seed
+
+
 def eval_captions() -> set[str]:
     return {r["prompt"] for r in load_jsonl(EVAL_PATH)}
 

@@ -202,15 +202,15 @@ def fidelity_cmd(decoders: str = typer.Option("sjd,ssd:lossless=true,csd,ssd+csd
         raise ValueError(f"--n must be >= 2, --batch-size >= 1 and --tolerance > 0; got {n}, {batch_size}, "
                          f"{tolerance}")
     check_out_files({"--json": json_path})
+    from ssdgen.reference.prompts import eval_prompts, eval_seed
     if prompts is not None:
         if not prompts.exists():
             raise FileNotFoundError(f"{prompts}: no such prompts file")
         texts = [line.strip() for line in prompts.read_text().splitlines() if line.strip()][:n]
-        seeds = [seed * 1_000_003 + i for i in range(len(texts))]
+        seeds = [eval_seed(seed, i) for i in range(len(texts))]  # a file's prompts are seeded by their line
     else:
-        from ssdgen.reference.prompts import eval_prompts
         rows = eval_prompts(min(n, 1024))
-        texts, seeds = [r["prompt"] for r in rows], [seed * 1_000_003 + r["seed"] for r in rows]
+        texts, seeds = [r["prompt"] for r in rows], [eval_seed(seed, r["seed"]) for r in rows]
     if len(texts) < 2:
         raise ValueError("fidelity needs at least 2 prompts")
     res = fidelity(model_on(model, device, dtype), specs, texts, seeds, batch_size, tolerance, log=typer.echo)
@@ -243,14 +243,14 @@ def calibrate_cmd(decoder: str = RUN_DECODER,
     from ssdgen.decoders import build
     from ssdgen.decoders.recipes import CALIBRATION_PROMPTS
     from ssdgen.decoders.spec import speculative_rows
-    from ssdgen.reference.prompts import eval_prompts
+    from ssdgen.reference.prompts import eval_prompts, eval_seed
     m = model_on(model, device, dtype)
     dec = build(spec, m)  # its heads loaded once for every batch size
     rows = eval_prompts(max(max(sizes), CALIBRATION_PROMPTS))
     plans = []
     for b in sizes:
         k = max(b, CALIBRATION_PROMPTS)
-        chosen = dec.resolve([r["prompt"] for r in rows[:k]], [seed * 1_000_003 + r["seed"] for r in rows[:k]], b,
+        chosen = dec.resolve([r["prompt"] for r in rows[:k]], [eval_seed(seed, r["seed"]) for r in rows[:k]], b,
                              objective)
         plan = {"spec": str(chosen), "rows": speculative_rows(chosen.spec)} | chosen.plan.to_dict()
         plans.append(plan)
@@ -386,7 +386,7 @@ def eval_heads(heads: Optional[str] = typer.Option(None, help="comma-separated h
                                                          "default: the bundled model's heads and heads-token"),
                n: int = typer.Option(64, help="eval prompts"),
                batch_size: int = typer.Option(64, help="prompts per teacher-forced forward"),
-               seed: int = typer.Option(0, help="added to each eval prompt's own seed"),
+               seed: int = typer.Option(0, help="run seed, combined with each eval prompt's own"),
                depth: int = typer.Option(6, help="offsets per head for the by-offset table (chained drafts)"),
                cfg: float = CFG, model: Optional[str] = MODEL,
                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here"),
@@ -395,7 +395,7 @@ def eval_heads(heads: Optional[str] = typer.Option(None, help="comma-separated h
     by offset with exact and with drafted (chained) context."""
     from ssdgen.decoders import load_heads
     from ssdgen.decoders.ssd_train import chain_acceptance, draft_acceptance
-    from ssdgen.reference.prompts import eval_prompts
+    from ssdgen.reference.prompts import eval_prompts, eval_seed
     from ssdgen.reference.weights import DEFAULT_DIR
     if depth < 1:  # its upper bound depends on the model's grid (chain_acceptance)
         raise ValueError(f"--depth must be >= 1, got {depth}")
@@ -415,7 +415,7 @@ def eval_heads(heads: Optional[str] = typer.Option(None, help="comma-separated h
         by = {h: {c: [0.0] * depth for c in ("exact", "drafted")} for h in ("horizontal", "vertical")}
         for i in range(0, n, batch_size):
             part = rows[i:i + batch_size]
-            prompts, seeds = [r["prompt"] for r in part], [seed + r["seed"] for r in part]
+            prompts, seeds = [r["prompt"] for r in part], [eval_seed(seed, r["seed"]) for r in part]
             got = draft_acceptance(m, hd, prompts, seeds, sc)
             acc = {k: acc[k] + got[k] * len(part) / n for k in acc}
             for h, cols in chain_acceptance(m, hd, prompts, seeds, sc, depth).items():

@@ -185,6 +185,22 @@ def _expand(fs, path: str, read_as: ReadAs) -> dict[str, dict]:
     return {p: i for p, i in found.items() if _keep(path.rstrip("/"), p, read_as)}
 
 
+def _nothing_at(fs, path: str, url: str, read_as: ReadAs) -> str:
+    """Why a URL named no file: a path that is not there is missing (a nightly job's file that has not arrived is
+    not a format problem); a glob matched nothing; a folder holds none of the format's files."""
+    if is_pattern(fs, path):
+        return f"{url}: no files matched"
+    try:
+        fs.info(path)
+    except FileNotFoundError:
+        return f"{url}: no such file or folder"
+    except Exception:  # it was read a moment ago (_expand): say what the folder lacks
+        pass
+    kind = "Parquet" if (read_as.format or "parquet") == "parquet" else read_as.format.upper()
+    hint = "; --input-format reads another format" if read_as.format is None else ""
+    return f"{url}: no {kind} files matched in this folder{hint}"
+
+
 class _Tracked:
     """File wrapper that remembers storage errors, which pyarrow would otherwise surface as the
     same OSError it uses for a corrupt footer; we must tell "cannot read" from "not Parquet"."""
@@ -306,8 +322,7 @@ def list_inputs(urls: list[str], storage_options: dict | None = None, read_as: R
         except Exception as e:
             raise _read_error(url, e, storage_options, fs) from None
         if not infos:
-            kind = "Parquet" if (read_as.format or "parquet") == "parquet" else read_as.format.upper()
-            raise InputError(f"{url}: no {kind} files matched")
+            raise InputError(_nothing_at(fs, path, url, read_as))
         for p, info in infos.items():
             found.setdefault(fs.unstrip_protocol(p), (fs, p, int(info.get("size") or 0)))
     return [_footer(fs, p, u, size, storage_options, read_as) for u, (fs, p, size) in sorted(found.items())]

@@ -71,10 +71,12 @@ def test_prefix_expansion_sort_dedup(tmp_path, monkeypatch):
 
 def test_nothing_matched(tmp_path):
     (tmp_path / "empty").mkdir()
-    for u in [str(tmp_path / "missing.parquet"), str(tmp_path / "empty"), str(tmp_path / "*.parquet")]:
-        with pytest.raises(InputError, match="no Parquet files matched") as e:
+    for name, said in [("missing.parquet", "no such file or folder"), ("empty", "no Parquet files matched in this "
+                       "folder; --input-format reads another format"), ("*.parquet", "no files matched")]:
+        u = str(tmp_path / name)
+        with pytest.raises(InputError, match=said) as e:
             list_inputs([u])
-        assert u in str(e.value)
+        assert str(e.value) == f"{u}: {said}"
 
 
 def test_missing_prompt_column(tmp_path):

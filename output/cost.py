@@ -423,9 +423,3 @@ def price_words(price: dict) -> str:
     return (f"{_usd(price['on_demand_usd_per_hour'])} per {unit}-hour on demand"
             + (f", {_usd(spot)} spot" if spot is not None else ", no spot price")
             + f" ({price['device_type']}; from {price.get('origin') or price['source']})")
-
-
-def render_cost_table(rows: list[dict]) -> str:
-    """Plain-text two-column rendering of `cost_table` rows."""
-    width = max((len(r["metric"]) for r in rows), default=0)
-    return "\n".join(f"{r['metric']:<{width}}  {r['value']}" for r in rows)

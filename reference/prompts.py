@@ -19,7 +19,6 @@ EVAL_PATH = DATA / f"eval_prompts_{EVAL_VERSION}.jsonl"
 EXAMPLES_PATH = DATA / "example_prompts.jsonl"
 EXAMPLES_PARQUET = DATA / "example_prompts.parquet"  # the same rows, as the pipeline reads them
 EVAL_SEED = 20261129
-EVAL_N = 1024
 
 
 def make_eval_set() -> list[dict]:

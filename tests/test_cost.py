@@ -18,7 +18,6 @@ from ssdgen.output.cost import (
     cost_table,
     load_prices,
     price_for,
-    render_cost_table,
     run_summary,
     shard_cost,
 )
@@ -272,8 +271,6 @@ def test_cost_table_rows():
     assert by["per-shard costs reconcile"] == "yes"
     assert "hand-made" in by["price source"] and "2026-11-29" in by["price source"]
     json.dumps(rows)
-    text = render_cost_table(rows)
-    assert "price source" in text and len(text.splitlines()) == len(rows)
 
 
 @pytest.mark.integration

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +31,7 @@ import pyarrow.parquet as pq
 from ssdgen.storage.endpoints import endpoint_of, is_s3, probe, refused, unreachable
 
 from .columns import extra_fields
+from .paths import one_spelling
 from .pinned import InputError, Pin, PinnedFile, changed, is_expired, take_pin
 from .text import ReadAs, parse
 
@@ -313,6 +315,8 @@ def list_inputs(urls: list[str], storage_options: dict | None = None, read_as: R
     probed: set[int] = set()  # one reachability probe per filesystem (endpoint and credentials)
     for url in urls:
         fs, path = _url_to_fs(url, storage_options)
+        if isinstance(fs, LocalFileSystem):  # the URLs recorded for a resume: one per file, however it was written
+            path = one_spelling(path)
         if id(fs) not in probed:  # a wrong endpoint fails here in seconds, not after every retry
             probed.add(id(fs))
             if (e := probe(fs, path)) is not None:

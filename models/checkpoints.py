@@ -16,6 +16,8 @@ The loaders open local paths only (`Path(path)`), so a URL is refused with the f
 from __future__ import annotations
 
 import importlib.util
+import os
+import posixpath
 from pathlib import Path
 
 # reference/weights.py FILES plus its checksums.json (not imported: it imports torch); tests/test_spec_paths.py
@@ -31,6 +33,23 @@ def default_bundle() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(list(spec.submodule_search_locations)[0]) / "weights"
+
+
+def one_folder(path: str) -> str:
+    """A checkpoint folder's path as one text however it was written, for a resume to compare models, not
+    spellings (`reference:/m/` and `reference:/m` are one model): absolute, without `.`, doubled or trailing
+    slashes, and `..` taken as the operating system takes it, the parent of the real folder reached so far (not the
+    one the text names when a part before it is a symbolic link). Other links are kept as the user named them. The
+    rule of inputs/paths.py, which the layering keeps apart from models/. A URL is kept as written (refused below)."""
+    if "://" in path:
+        return path
+    out = "/"
+    for part in (path if path.startswith("/") else posixpath.join(os.getcwd(), path)).split("/"):
+        if part == "..":
+            out = posixpath.dirname(os.path.realpath(out))
+        elif part not in ("", "."):
+            out = posixpath.join(out, part)
+    return out
 
 
 def _local(path: str, what: str, spec: str) -> Path:

@@ -134,3 +134,58 @@ def test_a_missing_input_is_said_to_be_missing_whatever_its_format(tmp_path, nam
     with pytest.raises(InputError) as e:
         list_inputs([str(tmp_path / name)])
     assert str(e.value) == f"{tmp_path / name}: no such file or folder"
+
+
+# ---- item 4: one file or model, however it is written ---------------------------------------------------------
+
+def _twin_paths(tmp_path):
+    """The prompts at tmp_path/data/p.csv, and a folder `fresh` beside it to write `fresh/../p.csv` through."""
+    data = tmp_path / "data"
+    (data / "fresh").mkdir(parents=True)
+    (data / "p.csv").write_text("prompt,prompt_id\na red fox,1\nthe sea,2\n")
+    return data
+
+
+def test_an_input_path_is_recorded_one_way_however_it_is_written(tmp_path, monkeypatch):
+    data = _twin_paths(tmp_path)
+    url = list_inputs([str(data / "p.csv")])[0].url
+    monkeypatch.chdir(data / "fresh")
+    for spelled in (f"{data}/fresh/../p.csv", f"{data}//./p.csv", "../p.csv", f"file://{data}/fresh/../p.csv",
+                    f"{data}/fresh/../"):
+        assert [f.url for f in list_inputs([spelled], read_as=ReadAs("csv"))] == [url], spelled
+    # `..` after a symbolic link is the link target's parent, as the operating system opens it
+    (tmp_path / "elsewhere" / "deep").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "p.csv").write_text("prompt\nanother\n")
+    (data / "link").symlink_to(tmp_path / "elsewhere" / "deep")
+    files = list_inputs([f"{data}/link/../p.csv"])
+    assert files[0].url == f"file://{tmp_path}/elsewhere/p.csv" and files[0].num_rows == 1
+
+
+def test_a_resume_through_another_spelling_of_the_prompts_and_model_is_the_same_run(tmp_path):
+    """The comparison a resume makes (flows.prepare: Output.check_config, pinned): `fresh/../p.csv` is the file the
+    run started on, and `reference:/m/` its model."""
+    from ssdgen.flows.settings import RunSettings
+    from ssdgen.output.layout import Output
+    data = _twin_paths(tmp_path)
+    runs = []
+    for prompts, model in ((f"{data}/p.csv", f"reference:{tmp_path}/m"), (f"{data}/fresh/../p.csv",
+                                                                         f"reference:{tmp_path}/m/")):
+        cfg = RunSettings(prompts=(prompts,), out=str(tmp_path / "run"), model=model)
+        runs.append(cfg.recorded(with_identities(list_inputs([prompts]))))
+    assert runs[1]["model"] == f"reference:{tmp_path}/m"
+    assert Output(str(tmp_path / "run")).check_config(runs[1], runs[0], pinned=True) is None
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("prefect_server", "local_ray")
+def test_generate_resumes_a_run_named_through_dot_dot_and_a_trailing_slash(tmp_path):
+    from pipeline_helpers import run_flow
+
+    from ssdgen.reference.tiny import tiny_model
+    data = _twin_paths(tmp_path)
+    tiny_model(tmp_path / "model")  # 4x4 tokens: a shard decodes in a blink
+    first = run_flow(prompts=[str(data / "p.csv")], out=str(tmp_path / "run"), model=f"reference:{tmp_path}/model",
+                     shard_size=1, batch_size=1, actors=1)
+    again = run_flow(prompts=[f"{data}/fresh/../p.csv"], out=str(tmp_path / "run"),
+                     model=f"reference:{tmp_path}/model/", shard_size=1, batch_size=1, actors=1)
+    assert first["images_ok"] + first["images_failed"] == 2 and again["shards_committed"] == 2, (first, again)

@@ -3,21 +3,36 @@
 hands the actor `RunSettings.worker()`: this part, typed, validated once.
 
 The decode spec is text such as `ssd+csd:rows=2:cfg=3` on the way in, parsed once by the field's validator, and
-its canonical text on the way out (Prefect's form, `_config.json`, the summary).
+its canonical text on the way out (Prefect's form, `_config.json`, the summary). The model spec is kept as text,
+its checkpoint folder spelled one way (a trailing `/`, `.` or `..` make no other model on resume).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
 
 from ssdgen.decoders.spec import DecodeSpec
-from ssdgen.models.registry import MODEL_HELP
+from ssdgen.models.checkpoints import one_folder
+from ssdgen.models.registry import MODEL_HELP, ModelSpec
 
 
 def _spec(value) -> DecodeSpec:
     return value if isinstance(value, DecodeSpec) else DecodeSpec.parse(str(value))
+
+
+def _model(value):
+    """--model with its folder spelled one way (models.checkpoints.one_folder), so `_config.json`, each row's
+    `model` and the actors see one text for one model and a resume with `reference:/m/` is not another model's."""
+    if not isinstance(value, str):
+        return value
+    try:
+        spec = ModelSpec.parse(value)
+    except ValueError:
+        return value  # RunSettings.check refuses it in one line
+    return str(dataclasses.replace(spec, path=one_folder(spec.path)) if spec.path else spec)
 
 
 Spec = Annotated[DecodeSpec, BeforeValidator(_spec), PlainSerializer(str, return_type=str),
@@ -35,7 +50,7 @@ class WorkerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
-    model: str = option("reference", MODEL_HELP)
+    model: Annotated[str, BeforeValidator(_model)] = option("reference", MODEL_HELP)
     decoder: Spec = option("ssd+csd", "decode spec FAMILY[:key=value...], e.g. ar, sjd, csd:lam=0.5, "
                            "ssd+csd:rows=2 (`ssdgen decoders` lists them); the default ssd+csd decides once per run "
                            "whether and how far to speculate on this device (_plan.json)")

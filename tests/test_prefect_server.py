@@ -35,3 +35,34 @@ def test_it_is_stopped_unused_where_prefects_settings_name_an_api(tmp_path, monk
     with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}):  # as a profile would
         assert not server.needed()
     assert process.wait(timeout=10) is not None and server.process is None
+
+
+def _unwritable(tmp_path):
+    """A folder no one can create, root included: its parent is a file."""
+    (tmp_path / "a-file").write_text("")
+    return tmp_path / "a-file" / "home"
+
+
+def test_a_home_prefect_cannot_write_is_one_error_naming_prefect_home(tmp_path, monkeypatch):
+    """#49: it said `/proc/...: No such file or directory`, not what fixes it."""
+    from ssdgen.cli.prefect_server import NoPrefectServer, TemporaryServer
+    monkeypatch.delenv("PREFECT_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(_unwritable(tmp_path)))
+    with pytest.raises(NoPrefectServer) as e:
+        TemporaryServer().start()
+    assert str(e.value).startswith(f"Prefect's home {_unwritable(tmp_path)}/.prefect (under HOME, as PREFECT_HOME is "
+                                   "not set) cannot be written (Not a directory: ")
+    assert "set PREFECT_HOME to a writable folder" in str(e.value)
+    monkeypatch.setenv("PREFECT_HOME", str(_unwritable(tmp_path)))
+    with pytest.raises(NoPrefectServer, match=r"^PREFECT_HOME=\S+/a-file/home cannot be written \(Not a directory"):
+        TemporaryServer().start()
+
+
+@pytest.mark.integration
+def test_generate_with_an_unwritable_home_says_to_set_prefect_home(tmp_path):
+    from test_operations import cli_env, one_error, ssdgen
+    (tmp_path / "p.csv").write_text("prompt\na large red circle at the center on a flat gray background\n")
+    env = {k: v for k, v in cli_env(HOME=str(_unwritable(tmp_path))).items() if k != "PREFECT_HOME"}
+    proc = ssdgen("generate", "--prompts", str(tmp_path / "p.csv"), "--out", str(tmp_path / "run"), "--decoder", "ar",
+                  "--no-progress", env=env)
+    one_error(proc, "Prefect's home", "set PREFECT_HOME to a writable folder")

@@ -63,12 +63,25 @@ class TemporaryServer:
         return f"http://127.0.0.1:{self.port}/api"
 
     def start(self) -> "TemporaryServer":
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.lock = open(self.home / "ssdgen-server-start.lock", "a")  # held until it answers
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+            self.lock = open(self.home / "ssdgen-server-start.lock", "a")  # held until it answers
+        except OSError as e:
+            raise NoPrefectServer(self._no_home(e)) from None
         fcntl.flock(self.lock, fcntl.LOCK_EX)
         self._spawn()
         atexit.register(self.stop)
         return self
+
+    def _no_home(self, e: OSError) -> str:
+        """The error of a Prefect home that cannot be written, naming the setting that fixes it: the server keeps its
+        database there, and without PREFECT_HOME it is under HOME (a container's or service's HOME often is not
+        writable, and the OS's own message named only the path)."""
+        why = f"{e.strerror or type(e).__name__}{f': {e.filename}' if e.filename else ''}"
+        if os.environ.get("PREFECT_HOME"):
+            return f"PREFECT_HOME={self.home} cannot be written ({why}); set PREFECT_HOME to a writable folder"
+        return (f"Prefect's home {self.home} (under HOME, as PREFECT_HOME is not set) cannot be written ({why}); set "
+                "PREFECT_HOME to a writable folder, or PREFECT_API_URL to a running Prefect server")
 
     def needed(self) -> bool:
         """Whether Prefect, now imported, would start a temporary server itself (no API in its settings, the

@@ -50,6 +50,7 @@ from ssdgen.inputs.plan import ShardPlan, read_shard
 from ssdgen.output.audit import audit_rows
 from ssdgen.output.audit import summarize as audit_summary, warning as audit_warning
 from ssdgen.output.cost import Price, cost_table
+from ssdgen.output.folder import clear, size as output_size
 from ssdgen.output.layout import PLAN, ROW_DIGESTS, SUMMARY, Output, plan_words
 from ssdgen.output.lease import LEASE_DIR, Lease
 from ssdgen.output.reader import read_plan_at
@@ -332,9 +333,9 @@ class _StatusLine:
 
 def _overwrite(out: Output, log, fence) -> None:
     out.fence = fence
-    files, size = out.size()
+    files, size = output_size(out)
     log.warning(f"--overwrite: deleting the run at {out.url} ({files} files, {size / 2**20:.1f} MiB)")
-    out.clear(keep=LEASE_DIR)
+    clear(out, keep=LEASE_DIR)
 
 
 def _record(prep: Prepared, log) -> None:

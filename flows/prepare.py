@@ -15,6 +15,7 @@ from ssdgen.inputs.growth import added_rows
 from ssdgen.inputs.plan import Range, ShardPlan, recorded_segments
 from ssdgen.output.converge import stale
 from ssdgen.output.cost import Price
+from ssdgen.output.folder import check_usable, is_inside
 from ssdgen.output.layout import ROW_DIGESTS, Output
 from ssdgen.output.lease import Lease
 from ssdgen.output.marker import MarkerDigest
@@ -62,9 +63,9 @@ def check_output(cfg: RunSettings) -> Output:
         out = Output(cfg.out)
     except (ValueError, ImportError) as e:
         raise ValueError(f"--out {cfg.out}: {e}") from None
-    out.check_usable(f"--out {cfg.out}")
+    check_usable(out, f"--out {cfg.out}")
     for p in cfg.prompts:
-        if out.is_inside(p):
+        if is_inside(out, p):
             raise ValueError(f"--out {cfg.out} is inside --prompts {p}: the run would read its own output as "
                              "prompts; put the output elsewhere")
     return out

@@ -9,6 +9,8 @@ import os
 from datetime import datetime, timezone
 from typing import Callable
 
+from ssdgen.output.folder import size as output_size
+
 from .prepare import prepare
 from .settings import RunSettings
 
@@ -21,7 +23,7 @@ def run(cfg: RunSettings, overwrite: bool = False, progress: bool = True,
     from ssdgen.output.layout import SUMMARY
     cfg = cfg.dated(datetime.now(timezone.utc))  # `{date}`: today's (a scheduled run's flow fills its own)
     prep = prepare(cfg, overwrite)
-    if overwrite and (found := prep.out.size())[0]:
+    if overwrite and (found := output_size(prep.out))[0]:
         say(f"--overwrite: deleting the run at {prep.out.url} ({found[0]} files, {found[1] / 2**20:.1f} MiB) "
             "before starting")
     elif not overwrite and not prep.pending and prep.stale is None:

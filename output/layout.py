@@ -29,21 +29,17 @@ from __future__ import annotations
 import io
 import json
 import posixpath
-import re
 import uuid
 from dataclasses import asdict
 from typing import Iterable, Iterator
 
-import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ssdgen.decoders.sample_stats import stat_columns
 from ssdgen.formats import written
 from ssdgen.formats.hf import IMAGE_TYPE, hf_metadata
-from ssdgen.inputs.files import is_pattern
-from ssdgen.storage.endpoints import check_bucket
-from ssdgen.storage.store import CorruptMarker, StorageError, Store
+from ssdgen.storage.store import CorruptMarker, Store
 
 from .cost import Price, recorded_price
 from .marker import Marker, MarkerDigest
@@ -129,48 +125,6 @@ class Output:
 
     def full_url(self, path: str) -> str:
         return self.store.full_url(path)
-
-    def check_usable(self, flag: str) -> None:
-        """The store can create exclusively (commit markers and the lease need it: storage/backends.py), the
-        output is not a file, and its bucket exists (never created for the user): one line naming `flag`."""
-        store = self.store
-        store.backend.require_create_only(flag)
-        try:
-            if store.fs.isfile(self.root):
-                raise ValueError(f"{flag}: is a file; give a folder (or an object-store prefix) for the run")
-            if store.backend.buckets:
-                # a missing bucket, or an endpoint or credential error
-                check_bucket(flag, store.fs, self.root.split("/", 1)[0])
-        except OSError as e:
-            raise StorageError(e.errno, f"{flag}: cannot reach the store ({type(e).__name__}: {e})") from None
-
-    def is_inside(self, url: str) -> bool:
-        """Whether this output lies inside the input folder or glob `url` (a run would list its own files as
-        prompts); a file named exactly is not a folder."""
-        fs, path = fsspec.core.url_to_fs(url)
-        pattern = is_pattern(fs, path)  # `in[1]/` that exists is a folder, not a glob
-        base = (re.split(r"[*?\[]", path)[0] if pattern else path).rstrip("/")
-        same_store = type(fs) is type(self.store.fs)
-        return (same_store and (self.root == base or self.root.startswith(base + "/"))
-                and (pattern or not fs.isfile(path)))
-
-    def size(self) -> tuple[int, int]:
-        """(files, bytes) under the output, for what --overwrite says it deletes."""
-        try:
-            infos = self.store.fs.find(self.root, detail=True)
-        except FileNotFoundError:
-            return 0, 0
-        return len(infos), sum(int(i.get("size") or 0) for i in infos.values())
-
-    def clear(self, keep: str) -> None:
-        """Delete everything under the output but `keep` (the lease of the run that overwrites)."""
-        try:
-            entries = self.store.fs.ls(self.root, detail=False)
-        except FileNotFoundError:
-            return
-        for e in entries:
-            if posixpath.basename(e.rstrip("/")) != keep:
-                self.store.remove_tree(e)
 
     # paths ------------------------------------------------------------------------------------------
     def shard_dir(self, shard: int) -> str:
@@ -408,7 +362,7 @@ def plan_words(plan: dict | None) -> str | None:
     from ssdgen.decoders.spec import DecodeSpec  # torch-free: the spec and its settings
     m = plan.get("measurements", plan)
     spec = DecodeSpec.parse(plan["spec"])
-    how = "decoded as plain AR" if spec.family == "ar" else f"speculating as {spec.label}"
+    how = f"speculating as {spec.label}" if spec.recipe.speculative else "decoded as plain AR"
     return f"{how}: {m['why']}" if m.get("why") else how
 
 

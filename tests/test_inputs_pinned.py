@@ -125,6 +125,7 @@ def _commit(out, shard: int) -> None:
 
 
 def test_an_output_with_glob_characters_lists_reads_and_deletes_only_its_own_files(tmp_path):
+    from ssdgen.output.folder import clear
     from ssdgen.output.layout import Output
     from ssdgen.output.verify import damaged_shards
     out, twin = Output(str(tmp_path / ODD)), Output(str(tmp_path / TWIN))
@@ -141,7 +142,7 @@ def test_an_output_with_glob_characters_lists_reads_and_deletes_only_its_own_fil
     assert out.gc() == 1
     out.set_aside(2)
     assert list(out.committed_ids(4)) == [1, 0, 0, 0]
-    out.clear(keep="_lease")
+    clear(out, keep="_lease")
     assert not any((tmp_path / ODD).iterdir())
     assert sorted(p for p in (tmp_path / TWIN).rglob("*")) == twin_files  # the twin's files, all still there
     assert list(twin.committed_ids(4)) == [0, 1, 1, 1]

@@ -69,7 +69,7 @@ class ForwardCounter:
                 self.trace.append([rows, _prompt_len(m), _prompt_len(m)])
             return out
 
-        def counted_step(tokens, index, lengths=None, **kw):  # kw: tree= (decoders/branches.py)
+        def counted_step(tokens, index, lengths=None, **kw):  # kw: tree= (decoders/window.py: Branches)
             self.steps += 1
             f = getattr(self, "_cfg_factor", 1)
             self.step_rows += tokens.shape[0] * f

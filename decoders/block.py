@@ -17,7 +17,7 @@ Per block and sample b, with n_b tokens committed (docs/algorithms.md §3):
   3. Commit all L_b tokens (lossy after r rounds); the next forward re-feeds from the first position whose
      KV is stale.
 Each sample advances by its own amount; KV caches are position-indexed, so re-feeding is the rollback.
-A block's uniforms are keyed by (the sample's seed, its own block number, the block offset) (rng.py): the
+A block's uniforms are keyed by (the sample's seed, its own block number, the block offset) (sampling.py): the
 same for a sample alone or in any batch, whatever the batch's largest block.
 
 The rows per block are fixed, or adapted per sample (`adaptive`, AdaptivePolicy), and capped by a token budget
@@ -32,12 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import rng
-from .ar import decode_ar, prefill
+from .ar import decode_ar
 from .recipes import BlockConfig, Relaxation, SamplingConfig
 from .drafters import Drafter, HeadsDrafter, SpatialHeads
 from .protocol import ImageTokenModel, check_request
-from .sampling import model_device, processed_probs, sample_from
+from .sampling import Purpose, Streams, model_device, prefill, processed_probs, sample_from
 from .stats import DecodeResult, Tally
 from .sample_stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
 from .verify import entropy, verify_all
@@ -97,7 +96,7 @@ def decode_block(model: ImageTokenModel, prompts: list[str], seeds: list[int], s
         return _budget_full(model, prompts, seeds, sc)
     t0 = time.perf_counter()
     dev = model_device(model)  # every buffer and key below lives on it
-    streams = rng.Streams(seeds, dev)
+    streams = Streams(seeds, dev)
     B, N = len(prompts), model.grid[0] * W
     policy = AdaptivePolicy(cfg, B, W, device=dev)
     Lmax = policy.cap * W
@@ -107,7 +106,8 @@ def decode_block(model: ImageTokenModel, prompts: list[str], seeds: list[int], s
     drafter = HeadsDrafter(model, heads, sc, cfg.two_d, B, size)
     tally = Tally(B, size, dev, cfg=sc.uses_cfg)
     buf = torch.zeros(B, size, dtype=torch.long, device=dev)  # committed tokens, then the block's drafts
-    out, buf[:, 0] = prefill(model, prompts, sc, streams, tally)
+    out, q0, buf[:, 0] = prefill(model, prompts, sc, streams)
+    tally.ent_sum += entropy(q0)
     drafter.begin(out)
     _blocks(model, sc, cfg, streams, drafter, policy, buf, tally, N)
     fixed = {"rows": cfg.rows, "rounds": cfg.rounds, "lossless": False, "two_d": cfg.two_d, "adaptive": cfg.adaptive,
@@ -115,7 +115,7 @@ def decode_block(model: ImageTokenModel, prompts: list[str], seeds: list[int], s
     return DecodeResult(buf[:, :N].clone(), tally.stats(model.grid, (time.perf_counter() - t0) / B, fixed))
 
 
-def _blocks(model, sc: SamplingConfig, cfg: BlockConfig, streams: rng.Streams, drafter: Drafter,
+def _blocks(model, sc: SamplingConfig, cfg: BlockConfig, streams: Streams, drafter: Drafter,
             policy: "AdaptivePolicy", buf: torch.Tensor, tally: Tally, N: int) -> None:
     """Draft, verify and commit blocks (module doc, steps 1-3) until every sample holds N tokens in buf."""
     B, W, dev = buf.shape[0], model.grid[1], buf.device
@@ -128,7 +128,7 @@ def _blocks(model, sc: SamplingConfig, cfg: BlockConfig, streams: rng.Streams, d
         active = n < N
         L = torch.where(active, torch.minimum(N - n, policy.rows * W), 0)  # [B] block lengths
         # per sample and block offset: draft, then accept / resample per round, bonus (offset 0's last)
-        u = streams.uniform(rng.Purpose.SSD_BLOCK, block[:, None] * 2 ** 16 + offsets,
+        u = streams.uniform(Purpose.SSD_BLOCK, block[:, None] * 2 ** 16 + offsets,
                             width=3 + 2 * (cfg.rounds + 1))  # [B, Lmax, 3 + 2 (rounds + 1)]
         block = block + active.long()  # finished samples' numbers are never used
         p = drafter.draft(buf, n, torch.zeros_like(n), L, u[:, :, 0])  # [B, Lmax, V]

@@ -176,7 +176,7 @@ class Drafter(Protocol):
               u: torch.Tensor) -> torch.Tensor:
         """Fill buf[b, start_b + o] for window slots first_b <= o < end_b, in place; return the draft
         distributions p [B, K, V] by window slot (slots outside [first_b, end_b) are meaningless).
-        u [B, K]: uniforms keyed by each sample's seed (rng.py), at least one per drafted slot."""
+        u [B, K]: uniforms keyed by each sample's seed (sampling.py), at least one per drafted slot."""
 
 
 class _GuessDrafter:

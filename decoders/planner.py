@@ -194,7 +194,7 @@ class _StepTimer:
     def __getattr__(self, name):
         return getattr(self._m, name)
 
-    def step(self, tokens, index, lengths=None, **kw):  # kw: tree= (branches.py)
+    def step(self, tokens, index, lengths=None, **kw):  # kw: tree= (window.py: Branches)
         sync(torch.device(getattr(self._m, "device", "cpu")))
         t0 = time.perf_counter()
         try:

@@ -8,7 +8,7 @@ position-indexed: feeding a sample from an earlier index is its rollback, and to
 What a model offers beyond the protocol it declares as `capabilities` (a `Capabilities`), never probed: with
 `tree_attention` (the reference model) it also takes `step(..., tree=)`, a [B, S, S] mask of which entries each
 entry sees, and `copy_cache(src, dst, where)`, which moves cached keys and values between indices: proactive
-drafting's branches (decoders/branches.py) need both; the window loop refuses them elsewhere. `heads`: where its
+drafting's branches (decoders/window.py) need both; the window loop refuses them elsewhere. `heads`: where its
 own SSD heads are; `weights_digest`: its weights' checksum (heads and cached plans are for these weights only);
 `kv_bytes_per_sample(use_cfg)`: its caches' bytes per sample, which caps a batch (workers/decode_worker.py).
 A prompt the model cannot condition on is refused up front (`validate_prompts`) with a `PromptError`, whose

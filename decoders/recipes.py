@@ -112,7 +112,7 @@ MAX_ENTRIES = 192  # what one forward may feed a sample, branches included (the 
 
 
 def branch_tokens(branches: int, branch_len: int, window: int) -> int:
-    """Tokens per side branch (branches.py): branch_len, at most the window's drafts; 0 = as many as the window
+    """Tokens per side branch (window.py: Branches): branch_len, at most the window's drafts; 0 = as many as the window
     has drafts and the forward's MAX_ENTRIES leave room for."""
     if branches < 2:
         return 0
@@ -122,7 +122,7 @@ def branch_tokens(branches: int, branch_len: int, window: int) -> int:
 
 
 def check_branches(branches: int, branch_len: int, window: int | None) -> None:
-    """Proactive drafting's settings (branches.py): their ranges, and that a window's entries fit the cache
+    """Proactive drafting's settings (window.py: Branches): their ranges, and that a window's entries fit the cache
     (window None: SSD's, which depends on the grid; an explicit branch_len is checked against the widest, 64)."""
     if not 1 <= branches <= 8:
         raise ValueError(f"branches must be an integer in [1, 8] (1 = off), got {branches}")
@@ -153,9 +153,9 @@ class WindowConfig:
     coupled: bool = False  # Jacobi updates by Gumbel-max with fixed per-position noise (window.py)
     relax: Relaxation = Relaxation()  # lam = 0: the exact (lossless) rule; lam > 0: CSD's relaxation
     lossless: bool = False  # says the same as lam = 0, and refuses a relaxation (`ssd:lossless=true`)
-    adaptive: bool = False  # each sample's window follows its own acceptance, up to the window (window_sizes.py)
+    adaptive: bool = False  # each sample's window follows its own acceptance, up to the window (window.py: WindowSizes)
     packed: bool = True  # the model feeds each sample its own window only (False: every row the whole window)
-    branches: int = 1  # candidates for the window's first draft, verified by tree attention (branches.py); 1 = off
+    branches: int = 1  # candidates for the window's first draft, verified by tree attention (window.py); 1 = off
     branch_len: int = 0  # tokens per side branch (0: the window's drafts, as many as fit: branch_tokens)
     continuation: bool = False  # drafts past the commit point: kept or resampled by the exact rule (window.py)
     commit: str = "prefix"  # commit the verified prefix only; "block" is the block decoder's recipe (recipes.py)

@@ -75,7 +75,7 @@ class ReferenceModel:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Tree attention (step takes tree=, copy_cache moves a branch's keys: decoders/branches.py), its own
+        """Tree attention (step takes tree=, copy_cache moves a branch's keys: decoders/window.py), its own
         heads, its weights' digest and its caches' size (decoders/protocol.py)."""
         return Capabilities(tree_attention=True, heads=None if self.default_heads is None else str(self.default_heads),
                             weights_digest=self.weights_digest, kv_bytes_per_sample=self.cache_bytes_per_sample,

@@ -1,4 +1,4 @@
-"""Proactive drafting (decoders/branches.py) and the continuation of drafts (window.py): tree attention in the
+"""Proactive drafting (decoders/window.py: Branches) and the continuation of drafts (window.py): tree attention in the
 model, the candidates' test, and the decoders that use them, exact (greedy), statistical and unit tiers."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import ssdgen.decoders.branches as branches_mod
+import ssdgen.decoders.window as window_mod
 from ssdgen.decoders import decode, decoder_config
 from ssdgen.decoders.sampling import sample_from
 from ssdgen.decoders.verify import residual, verify_candidates
@@ -169,7 +169,7 @@ def _over_accepting(r, cands, u):
 
 @pytest.mark.slow
 def test_the_exact_test_catches_a_broken_candidate_rule(tiny, ar_samples, monkeypatch):
-    monkeypatch.setattr(branches_mod, "verify_candidates", _over_accepting)
+    monkeypatch.setattr(window_mod, "verify_candidates", _over_accepting)
     spec = _sample(tiny, "sjd", {"window": 6, "coupled": True, "branches": 3}, offset=5_000_000)
     assert _same_distribution(ar_samples, spec) < 0.001 / len(POSITIONS)
 

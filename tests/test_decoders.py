@@ -197,7 +197,7 @@ def test_stats_commit_map_accounts_for_every_token(tiny):
 def test_position_noise_is_a_table_held_one_window_at_a_time():
     # coupled drafts need one noise row per index; PositionNoise holds only the window's rows but must give
     # exactly the rows of the whole table, computed up front, for windows that slide by ragged steps
-    from ssdgen.decoders import rng
+    from ssdgen.decoders import sampling as rng
     base = rng.Streams([3, 4]).base(rng.Purpose.NOISE)
     table = rng.gumbel(rng.uniform(base, torch.arange(20)[None], width=8))  # [2, 20, 8], computed up front
     noise = rng.PositionNoise(base, V=8, span=5)

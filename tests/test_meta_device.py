@@ -11,7 +11,7 @@ also installs `_NoMeta`, a dispatch mode that raises on any operator that reads 
 naming the operator; the stack trace points at the line. Each run's tokens are also compared with the same
 run outside the trap: the trap must change nothing on the model's device.
 
-The decoders' random numbers are tensors too (counter-based, decoders/rng.py: keys and uniforms made on the
+The decoders' random numbers are tensors too (counter-based, decoders/sampling.py: keys and uniforms made on the
 model's device), so the trap covers them; no torch.Generator is left in the decoding path.
 """
 

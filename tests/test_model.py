@@ -4,7 +4,7 @@ per-sample random numbers, and batch invariance of seeded sampling."""
 import pytest
 import torch
 
-from ssdgen.decoders import rng
+from ssdgen.decoders import sampling as rng
 from ssdgen.decoders.sampling import cfg_mix, processed_probs, sample_from
 from ssdgen.decoders.recipes import SamplingConfig
 from ssdgen.reference.gpt import GPT, GPTConfig

@@ -1,4 +1,4 @@
-"""The counter-based random numbers (decoders/rng.py): the hash is splitmix64's finaliser bit for bit (int64
+"""The counter-based random numbers (decoders/sampling.py): the hash is splitmix64's finaliser bit for bit (int64
 arithmetic wraps as unsigned words do) and a stream is SplittableRandom's sequence, the uniforms are uniform
 (Kolmogorov-Smirnov and chi-square) and strictly inside (0, 1), and streams keyed by different seeds,
 purposes or counters look independent (their correlation and a 2D chi-square test of their joint
@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency, chisquare, kstest
 
-from ssdgen.decoders import rng
+from ssdgen.decoders import sampling as rng  # the counter-based numbers live with sampling
 
 MASK = (1 << 64) - 1
 

@@ -126,10 +126,12 @@ def _rng_cases(rng, b: int, width: int, codes: int) -> tuple:
 def rng_rows(batches: list[int], width: int, codes: int) -> list[dict]:
     """One forward's randomness: per-sample generators against the counter-based streams (none before
     decoders/rng.py existed)."""
-    try:
-        from ssdgen.decoders import rng
-    except ImportError:
-        return []
+    from ssdgen.decoders import sampling as rng  # the streams live with sampling since #47
+    if not hasattr(rng, "Streams"):  # an older checkout: decoders/rng.py's, or none yet
+        try:
+            from ssdgen.decoders import rng
+        except ImportError:
+            return []
     rows = []
     for b in batches:
         for what, old, new in _rng_cases(rng, b, width, codes):

@@ -38,7 +38,7 @@ import torch
 
 from ssdgen.decoders import build
 from ssdgen.decoders.decoder import Decoder
-from ssdgen.decoders.recipes import CALIBRATION_PROMPTS, SamplingConfig
+from ssdgen.decoders.recipes import SamplingConfig
 from ssdgen.decoders.spec import DecodeSpec, common_sampling, speculative_rows
 
 
@@ -355,9 +355,8 @@ def _speed_rows(tallies: list[SpeedTally], price, devices: int, log) -> tuple[li
 
 def _calibrate(dec: Decoder, prompts: list[str], seeds: list[int], batch: int) -> tuple[Decoder, dict | None]:
     """(what the spec decodes as at this batch size, the row's calibration columns): a calibrated spec resolved
-    as a run resolves it (decoders/calibrate.py: on the first max(batch, 4) prompts); any other spec as it is."""
-    k = max(batch, CALIBRATION_PROMPTS)
-    chosen = dec.resolve(prompts[:k], seeds[:k], batch)
+    as a run resolves it (`Decoder.resolve`: on its first prompts); any other spec as it is."""
+    chosen = dec.resolve(prompts, seeds, batch)
     if chosen.plan is None:
         return dec, None
     m = chosen.plan

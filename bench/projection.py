@@ -4,13 +4,13 @@ accelerator and model size, from a bench's measured acceptance statistics and a 
 Inputs
   - a `ssdgen bench --json` result: per decoder and batch size, forwards per image (so committed tokens per
     forward, tau = grid tokens / forwards), forwards per batch (a batch runs until its slowest sample ends),
-    and query tokens fed per row and forward (1 for ar, the window L for sjd/csd, the drafted rows for ssd);
+    and query tokens fed per row and forward (measured; for an older bench JSON, what the row's spec feeds);
   - an accelerator (`ACCELERATORS`: memory bandwidth, peak dense bf16 FLOP/s, memory, with sources; the price
     is the `output/prices.csv` row of the same name, one GPU);
   - a model (`MODELS`: parameters, layers, width, KV width, prompt tokens, bytes per value) and a token grid.
 
 Method (per forward of a batch of b images, c = 2 rows per image with CFG, else 1; R = b*c rows)
-  tokens in flight  T   = R * S                  S = query tokens per row (ssd: drafted rows * grid width)
+  tokens in flight  T   = R * S                  S = query tokens per row (below)
   FLOPs                 = 2 * params * T
   bytes moved           = weight bytes (read once per forward) + R * ctx * kv_bytes_per_token
                           ctx = prompt + grid_tokens / 2 (the mean position while the image is drawn)
@@ -23,10 +23,16 @@ Method (per forward of a batch of b images, c = 2 rows per image with CFG, else 
   best batch            = the highest images/s over powers of two up to the cap, the cap and the given batches
                           (`best_batch`); `verdict` says in words whether AR's best or a speculative best is faster
 
+A row's decoder is its spec as it decoded (a calibrated row's resolved `plan_spec`). S on the projected grid is the
+measured S times what that spec's config feeds per forward there over what it feeds on the measured grid
+(`DecoderStats.fed_at`): a window of L tokens (sjd, csd, a resolved `ssd+csd:window=5`) feeds L on any grid; a
+window of raster rows (ssd, ssd+csd with window=0) grows with the width up to 64 tokens, the block decoder's rows
+without bound.
+
 Assumptions (stated in every result under "assumptions"):
   - tau (tokens committed per forward) and the batch's slowest-sample factor carry over from the measured
     model and grid to the projected ones unchanged; acceptance really depends on the model and content;
-  - ssd drafts whole rows, so its S scales with the grid width; sjd/csd windows do not;
+  - tokens fed per forward follow the decoder's config from the measured grid to the projected one (above);
   - roofline: no kernel-launch/Python overhead (overhead_per_forward = 0 unless given), bandwidth and peak
     reached in full (bw_eff = flops_eff = 1 unless given), attention-score FLOPs (4 * layers * ctx * width per
     token: ~5% of 2*params at 7B/48x48's mean context, 9% at its end), activation traffic and KV writes left out;
@@ -44,6 +50,8 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ssdgen.decoders.spec import DecodeSpec
 
 LABEL = "projection"
 
@@ -149,7 +157,7 @@ class DecoderStats:
     tokens_fed_per_forward: float  # query tokens per row per step forward
     grid_tokens: int
     grid_width: int
-    row_drafting: bool  # ssd: S scales with the grid width
+    spec: str = "ar"  # what decoded it: the resolved spec's text (a calibrated row's plan), which sizes S per grid
     derived: tuple[str, ...] = ()  # fields filled in from the decoder's parameters (older bench JSON)
     effective_batch: float = 0.0  # images per decode call actually run (n / batches: n < batch size runs fewer)
 
@@ -161,17 +169,20 @@ class DecoderStats:
     def batch_factor(self) -> float:
         return self.forwards_per_batch / self.forwards_per_image
 
+    @property
+    def speculative(self) -> bool:  # whether it decoded by drafting and verifying, not plain AR
+        return DecodeSpec.parse(self.spec).recipe.speculative
 
-def _fed_from_params(row: dict, grid_width: int) -> float:
-    name = row["decoder"].split(":")[0]
-    params = row.get("params") or {}
-    if name == "ar":
-        return 1.0
-    if name in ("sjd", "csd"):
-        return float(params.get("window", 16))
-    adaptive = params.get("adaptive", name == "ssd+csd")  # ssd+csd adapts between rows and max_rows (default 4)
-    rows = params.get("max_rows", 4) if adaptive else params.get("rows", 2)
-    return float(rows * grid_width)
+    def fed_at(self, grid: int) -> float:
+        """Query tokens per row and forward on a grid `grid` tokens wide, as the row's spec feeds (module doc)."""
+        spec = DecodeSpec.parse(self.spec)
+        return self.tokens_fed_per_forward * spec.tokens(grid) / spec.tokens(self.grid_width)
+
+
+def row_spec(row: dict) -> str:
+    """What decoded a bench row: a calibrated row's resolved spec (`plan_spec`), else the row's spec (its label;
+    an older bench JSON's or an eval JSON's row: its decoder text)."""
+    return row.get("plan_spec") or row.get("spec") or row["decoder"]
 
 
 def as_bench(d: dict) -> dict:
@@ -184,6 +195,7 @@ def as_bench(d: dict) -> dict:
         return {"model": d["model"], "device": f"cpu ({det.get('threads', '?')} threads)", "date": None,
                 "sampling": det.get("sampling") or {},
                 "rows": [{"decoder": d["decoder"] + "".join(f":{k}={v}" for k, v in params.items()), "params": params,
+                          "plan_spec": det.get("resolved"),
                           "batch_size": d["batch_size"], "n": d["n"], "forwards_per_image": d["forwards_per_image"],
                           "seconds_per_image": d["seconds_per_image"], "batches": math.ceil(d["n"] / d["batch_size"])}]}
     raise ValueError("not a bench JSON (no 'rows') nor an eval JSON")
@@ -197,23 +209,24 @@ def decoder_stats(bench: dict, assume_no_straggler: bool = False) -> list[Decode
     n_tok, width = int(grid[0] * grid[1]), int(grid[1])
     out = []
     for r in bench["rows"]:
-        derived = []
+        derived, spec = [], row_spec(r)
+        speculative = DecodeSpec.parse(spec).recipe.speculative
         fpb = r.get("forwards_per_batch")
         if fpb is None:
-            if r["batch_size"] != 1 and not r["decoder"].startswith("ar") and not assume_no_straggler:
+            if r["batch_size"] != 1 and speculative and not assume_no_straggler:
                 raise ValueError(f"bench row {r['decoder']} at batch {r['batch_size']} has no forwards_per_batch "
                                  "(an older bench JSON): rerun `ssdgen bench` to project batches > 1 from it")
             fpb = r["forwards_per_image"]
-            if not (r["decoder"] == "ar" or r["batch_size"] == 1):  # exact for ar and at batch 1
+            if speculative and r["batch_size"] != 1:  # exact for ar and at batch 1
                 derived.append("forwards_per_batch")
         fed = r.get("tokens_fed_per_forward")
         if fed is None:
-            fed = _fed_from_params(r, width)
-            if not r["decoder"].startswith("ar"):
+            fed = DecodeSpec.parse(spec).tokens(width)
+            if speculative:
                 derived.append("tokens_fed_per_forward")
         eff = r["n"] / r["batches"] if r.get("batches") else min(r["batch_size"], r.get("n", r["batch_size"]))
         out.append(DecoderStats(r["decoder"], int(r["batch_size"]), float(r["forwards_per_image"]), float(fpb),
-                                float(fed), n_tok, width, r["decoder"].startswith("ssd"), tuple(derived), float(eff)))
+                                float(fed), n_tok, width, spec, tuple(derived), float(eff)))
     return out
 
 
@@ -242,7 +255,7 @@ def project_one(st: DecoderStats, acc: Accelerator, m: ModelSpec, grid: int, bat
                 price_per_hour: float | None, rf: Roofline = Roofline()) -> dict:
     n_tok = grid * grid
     c = 2 if cfg else 1
-    S = st.tokens_fed_per_forward * (grid / st.grid_width if st.row_drafting else 1.0)
+    S = st.fed_at(grid)
     fwd_image = n_tok / st.tau
     steps = max(0.0, (fwd_image - 1.0) * st.batch_factor)
     rows = batch * c
@@ -252,9 +265,10 @@ def project_one(st: DecoderStats, acc: Accelerator, m: ModelSpec, grid: int, bat
     fits = batch <= cap
     batch_s = pre["seconds"] + steps * step["seconds"]
     spi = batch_s / batch
-    return {"label": LABEL, "decoder": st.decoder, "batch_size": batch, "stats_from_batch": st.batch_size,
-            "tokens_per_forward": st.tau, "forwards_per_image": fwd_image, "forwards_per_batch": 1 + steps,
-            "tokens_fed_per_row": S, "tokens_in_flight": step["tokens_in_flight"], "bound": step["bound"],
+    return {"label": LABEL, "decoder": st.decoder, "speculative": st.speculative, "batch_size": batch,
+            "stats_from_batch": st.batch_size, "tokens_per_forward": st.tau, "forwards_per_image": fwd_image,
+            "forwards_per_batch": 1 + steps, "tokens_fed_per_row": S, "tokens_in_flight": step["tokens_in_flight"],
+            "bound": step["bound"],
             "seconds_per_forward": step["seconds"], "prefill_s": pre["seconds"], "kv_cap_batch": cap,
             "fits": fits, "kv_gb_per_image": c * kv_bytes_per_token(m) * (m.prompt_len + n_tok + S) / 1e9,
             "seconds_per_image": spi if fits else None, "images_per_s": 1 / spi if fits else None,
@@ -278,8 +292,8 @@ def best_batch(stats: list[DecoderStats], decoder: str, acc: Accelerator, m: Mod
                price_per_hour: float | None, given: list[int], rf: Roofline = Roofline()) -> dict:
     """The decoder's highest-throughput batch that fits: only batches at or under the memory cap are chosen."""
     # each measured row feeds its own window, so has its own cap: every one of them is searched
-    caps = {kv_cap(acc, m, grid * grid, cfg, spare=int(math.ceil(s.tokens_fed_per_forward * (
-        grid / s.grid_width if s.row_drafting else 1.0)))) for s in stats if s.decoder == decoder}
+    mine = [s for s in stats if s.decoder == decoder]
+    caps = {kv_cap(acc, m, grid * grid, cfg, spare=int(math.ceil(s.fed_at(grid)))) for s in mine}
     batches = sorted(set(candidate_batches(max(caps), given)) | {c for c in caps if c >= 1})
     tried = [project_one(stats_for_batch(stats, decoder, b), acc, m, grid, b, cfg, price_per_hour, rf)
              for b in batches]
@@ -287,12 +301,14 @@ def best_batch(stats: list[DecoderStats], decoder: str, acc: Accelerator, m: Mod
     out = {"decoder": decoder, "searched": batches}
     if not fitting:
         return out | {"kv_cap_batch": max(caps), "batch_size": None, "fits": False, "memory_capped": True,
-                      "images_per_s": None, "usd_per_1k_images": None, "bound": None, "stats_from_batch": None}
+                      "images_per_s": None, "usd_per_1k_images": None, "bound": None, "stats_from_batch": None,
+                      "speculative": any(s.speculative for s in mine)}
     top = max(p["images_per_s"] for p in fitting)
     best = min((p for p in fitting if p["images_per_s"] >= top * (1 - TIE)), key=lambda p: p["batch_size"])
     largest = max(p["batch_size"] for p in fitting)
     return out | {k: best[k] for k in ("batch_size", "kv_cap_batch", "fits", "images_per_s", "usd_per_1k_images",
-                                       "bound", "stats_from_batch", "seconds_per_forward", "tokens_per_forward")} | {
+                                       "bound", "stats_from_batch", "seconds_per_forward", "tokens_per_forward",
+                                       "speculative")} | {
         "memory_capped": best["batch_size"] == largest}  # a larger batch would have been faster, had it fit
 
 
@@ -307,8 +323,8 @@ VERDICT_FIELDS = ("decoder", "batch_size", "images_per_s", "usd_per_1k_images", 
 
 def verdict(best: list[dict], where: str) -> dict:
     """In words, whether AR's best batch or a speculative decoder's best batch has the higher throughput."""
-    ar = [b for b in best if b["decoder"].split(":")[0] == "ar" and b["images_per_s"]]
-    spec = [b for b in best if b["decoder"].split(":")[0] != "ar" and b["images_per_s"]]
+    ar = [b for b in best if not b["speculative"] and b["images_per_s"]]
+    spec = [b for b in best if b["speculative"] and b["images_per_s"]]
     a = max(ar, key=lambda b: b["images_per_s"], default=None)
     s = max(spec, key=lambda b: b["images_per_s"], default=None)
     short = {k: (None if b is None else {f: b[f] for f in VERDICT_FIELDS}) for k, b in (("ar", a), ("speculative", s))}
@@ -334,7 +350,8 @@ ASSUMPTIONS = [
     "PROJECTION from a roofline model, not a measurement.",
     "Tokens committed per forward (tau) and the batch's slowest-sample factor are the bench's measured values "
     "for the bench's model and grid, carried over unchanged to the projected model and grid.",
-    "ssd drafts whole rows (tokens fed per forward scale with the grid width); sjd/csd windows do not.",
+    "Tokens fed per forward follow each row's spec as it decoded (a calibrated row's plan): a window of L tokens "
+    "feeds L on any grid, a window of raster rows grows with the grid's width (the window loop's up to 64).",
     "Time per forward = max(bytes / bandwidth, FLOPs / peak): weights read once per forward plus the KV cache "
     "of every row (mean context = prompt + grid tokens / 2); FLOPs = 2 * params * tokens in flight; "
     "attention-score FLOPs (~5% of 2 * params at 7B / 48x48), activations and KV writes are left out.",

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ssdgen.decoders.sample_stats import COMMIT_ACCEPTED, COMMIT_AR, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
+from ssdgen.decoders.spec import DecodeSpec
 from ssdgen.output.layout import plan_words
 from ssdgen.output.reader import read_run
 from ssdgen.workers.results import UNRECORDED
@@ -185,11 +186,20 @@ def plain_ar(run: dict, ok: list[dict]) -> str | None:
     if not grids or any(g is None or (g != COMMIT_AR).any() for g in grids):
         return None
     plan = run.get("plan")
-    if plan is not None and str(plan.get("spec", "")).split(":")[0] == "ar":
+    if plan is not None and _plain_ar_spec(plan.get("spec")):
         return "the decode plan chose ar"
-    if all(str(r.get("decoder") or "").split(":")[0] == "ar" for r in ok):
+    if all(_plain_ar_spec(r.get("decoder")) for r in ok):
         return "its decoder is ar"
     return "no draft was ever committed"
+
+
+def _plain_ar_spec(text: str | None) -> bool:
+    """Whether a recorded spec's text decodes by plain AR (its recipe does not speculate); a text that does not
+    parse (none, or one an older version wrote) is not known to."""
+    try:
+        return not DecodeSpec.parse(str(text or "")).recipe.speculative
+    except ValueError:
+        return False
 
 
 def _samples(shown: list[dict], n_ok: int) -> list[str]:

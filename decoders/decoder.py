@@ -1,15 +1,17 @@
 """A decoder: a spec built once for a model, the one value every caller decodes with.
 
     dec = build(DecodeSpec.parse("ssd+csd"), model)        # the recipe's heads loaded once
-    dec = dec.resolve(prompts[:4], seeds[:4], batch=16)     # a calibrated spec: the device's concrete choice
+    dec = dec.resolve(prompts, seeds, batch=16)             # a calibrated spec: the device's concrete choice
     res = dec.decode(prompts, seeds)                        # DecodeResult: tokens and per-sample statistics
     str(dec)                                                # the full resolved spec; it reproduces the tokens
 
 `resolve` plans a calibrated spec once (calibrate.py) and returns the concrete decoder with its `plan`; any
-other spec with a fixed batch resolves to itself. Falling back to plain AR is the decoder's property
-(`falls_back`): its samples' statistics say so (`ar_fallback`), wherever it was decided. `decode` refuses a
-spec still calibrated. A decoder holds no state between calls: a sample's tokens depend on its seed and
-`str(dec)` only, never on the batch it is decoded in.
+other spec with a fixed batch resolves to itself. It owns the pilot-prompt rule: it plans on the first
+CALIBRATION_PROMPTS of the prompts it is handed, and a caller hands it the run's first `pilot_rows(batch)` rows
+(recipes.py: torch-free, for the driver that reads them), among which an actor's invalid prompts are dropped.
+Falling back to plain AR is the decoder's property (`falls_back`): its samples' statistics say so
+(`ar_fallback`), wherever it was decided. `decode` refuses a spec still calibrated. A decoder holds no state
+between calls: a sample's tokens depend on its seed and `str(dec)` only, never on the batch it is decoded in.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from .calibrate import AR_FASTER, resolve
 from .engine import heads_for, run
 from .planner import Plan
+from .recipes import CALIBRATION_PROMPTS
 from .spec import DecodeSpec
 from .stats import DecodeResult
 
@@ -33,21 +36,24 @@ class Decoder:
     @property
     def falls_back(self) -> bool:
         """Whether a speculative request decodes as plain AR here (its plan chose AR)."""
-        return self.spec.family == "ar" and self.requested.family != "ar"
+        return not self.spec.recipe.speculative and self.requested.recipe.speculative
 
     def resolve(self, prompts: list[str], seeds: list[int], batch: int | list[int], objective: str = "throughput",
                 cached: dict | None = None) -> "Decoder":
-        """The concrete decoder this device decodes a calibrated spec as, planned on `prompts` (planner.py) for
-        `objective` among the batch sizes `batch`; `plan` says what was measured and why. Any other spec with a
-        fixed batch: itself. cached: a cached plan's measurements (workers/plan_cache.py), not measured again."""
-        spec, plan = resolve(self.spec, self.model, prompts, seeds, batch, self.heads, objective, cached)
+        """The concrete decoder this device decodes a calibrated spec as, planned (planner.py) for `objective`
+        among the batch sizes `batch` on the first CALIBRATION_PROMPTS of `prompts` (the pilot-prompt rule: module
+        doc; a caller hands it the run's first `pilot_rows(batch)`); `plan` says what was measured and why. Any
+        other spec with a fixed batch: itself. cached: a cached plan's measurements (workers/plan_cache.py), not
+        measured again."""
+        k = CALIBRATION_PROMPTS
+        spec, plan = resolve(self.spec, self.model, prompts[:k], seeds[:k], batch, self.heads, objective, cached)
         return self if plan is None else Decoder(spec, self.model, self.heads, self.requested, plan)
 
     def as_spec(self, spec: DecodeSpec) -> "Decoder":
         """This request decoded by a concrete spec decided elsewhere (a run's recorded plan), with the same heads."""
         if spec == self.spec:
             return self
-        if spec.recipe.drafter != "heads":
+        if spec.recipe.weights is None:  # its drafter loads nothing
             heads = None
         elif self.heads is not None and spec.heads == self.spec.heads:  # the same heads file: already loaded
             heads = self.heads

@@ -33,8 +33,9 @@ def load_heads(model, path=None) -> SpatialHeads:
 
 
 def heads_for(spec: DecodeSpec, model) -> SpatialHeads | None:
-    """The heads a spec drafts with (its recipe's drafter is "heads"), loaded; None for any other spec."""
-    return load_heads(model, spec.heads) if spec.recipe.drafter == "heads" else None
+    """The heads a spec drafts with (its recipe's drafter loads them: `Recipe.weights`), loaded; None for any
+    other spec."""
+    return None if spec.recipe.weights is None else load_heads(model, spec.heads)
 
 
 def run(spec: DecodeSpec, model: ImageTokenModel, prompts: list[str], seeds: list[int],

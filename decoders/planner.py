@@ -3,9 +3,10 @@
     throughput  the most images per second (per device): the batch size and configuration jointly
     latency     the fastest single image: batch 1 (or the batch the user fixed), the fastest configuration
 
-What it chooses among. Plain AR always. For a calibrated spec (`calibrated=true`, ssd+csd's default) also the
-window loop with a window of 3, 4, 5, 6 or 8 tokens (`window=L`; a relaxed family at recipes.SHORT_WINDOW_LAM
-unless the spec sets lam) and of 1 .. rows raster rows (`rows=r`, L = r * W + 1).
+What it chooses among. Plain AR always. For a calibrated spec (`calibrated=true`, ssd+csd's default) also what
+its recipe lets it tune (recipes.py `tunes`, each word's meaning in recipes.TUNES): the window loop with a window
+of 3, 4, 5, 6 or 8 tokens (`window=L`; ssd+csd at recipes.SHORT_WINDOW_LAM unless the spec sets lam: the recipe's
+`short_window`) and of 1 .. rows raster rows (`rows=r`, L = r * W + 1), or the block decoder's cap on rows.
 An uncalibrated spec is decoded as it is; only its batch is chosen.
 
 How, in a few seconds (median of repeats, AR always timed):
@@ -33,11 +34,10 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
-from .recipes import CALIBRATION_PROMPTS, OBJECTIVES, SHORT_WINDOW_LAM
+from .recipes import OBJECTIVES
 from .cost_curve import CostCurve, sync
 from .spec import DecodeSpec
 
-WINDOWS = (3, 4, 5, 6, 8)  # window sizes (tokens per forward) a calibrated spec may be decoded with
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # batch sizes the throughput objective chooses among
 PROFILE_BATCHES = (1, 64)  # the profile's batch sizes (others interpolated, beyond extrapolated)
 # a fixed batch larger than this is profiled at this one and scaled linearly (Profile.time with one curve): the
@@ -117,22 +117,13 @@ class Plan:
 
 def candidates(spec: DecodeSpec, W: int) -> dict[str, tuple[DecodeSpec, int]]:
     """{choice: (its concrete spec, tokens per forward L)}: plain AR, and what the spec's recipe lets the planner
-    tune (recipes.py `tunes`): windows of L tokens, windows of r rows, or the block decoder's caps on rows per
-    block (max_rows=r, L = r * W)."""
+    tune (`Recipe.choices`: windows of L tokens, windows of r rows, or the block decoder's caps on rows per
+    block, as recipes.TUNES defines each)."""
     if not spec.calibrated:  # decoded as it is: only its batch is chosen
-        return {AR if spec.family == AR else "as-is": (spec, tokens_per_forward_fed(spec, W))}
-    cfg, tunes = spec.config(), spec.recipe.tunes
+        return {"as-is" if spec.recipe.speculative else AR: (spec, spec.tokens(W))}
     out = {AR: (DecodeSpec("ar", (), spec.sampling), 1)}
-    if "max_rows" in tunes:
-        for r in range(1, cfg.max_rows + 1):
-            out[f"r{r}"] = (_concrete(spec, {"rows": min(cfg.rows, r), "max_rows": r}), r * W)
-    if "window" in tunes:  # a relaxed recipe's short windows: SHORT_WINDOW_LAM (recipes.py), unless the user set lam
-        tight = {"lam": SHORT_WINDOW_LAM} if spec.recipe.relaxed and "lam" not in dict(spec.params) else {}
-        for L in WINDOWS:
-            out[f"w{L}"] = (_concrete(spec, {"window": L} | tight), L)
-    if "rows" in tunes:
-        for r in range(1, cfg.rows + 1):
-            out[f"r{r}"] = (_concrete(spec, {"rows": r, "window": 0}), min(64, r * W + 1))
+    for choice, (chosen, L) in spec.recipe.choices(spec.config(), dict(spec.params), W).items():
+        out[choice] = (_concrete(spec, chosen), L)
     return out
 
 
@@ -140,12 +131,6 @@ def _concrete(spec: DecodeSpec, chosen: dict) -> DecodeSpec:
     params = {k: v for k, v in dict(spec.params).items() if k != "window"} | {"calibrated": False} | chosen
     params = {k: v for k, v in params.items() if not (k == "window" and v == 0)}  # 0: the default, rows decide
     return DecodeSpec(spec.family, tuple(params.items()), spec.sampling, spec.heads)
-
-
-def tokens_per_forward_fed(spec: DecodeSpec, W: int) -> int:
-    """The tokens one forward feeds each sample under a concrete spec (1 for ar)."""
-    cfg = spec.config()
-    return 1 if cfg is None else cfg.tokens(W)
 
 
 @torch.no_grad()
@@ -206,16 +191,17 @@ class _StepTimer:
 
 def pilot(spec: DecodeSpec, model, prompts: list[str], seeds: list[int], heads, run) -> dict[str, float]:
     """Expected tokens per forward of every speculative candidate's window ("<L>"), and its decoder's own work
-    per forward as a share of the model's step ("host:<L>"), from pilot decodes of the first CALIBRATION_PROMPTS
-    prompts: the widest window of at most PILOT_SPLIT tokens (for those windows) and the widest overall (for the
-    rest), each on its share of them. A window's acceptance depends on how stale its drafts are (and on its
-    relaxation), so each L is read off the narrowest pilot that holds it. The host share is measured at the
-    pilot's small batch, where the decoder's fixed work per forward weighs most: an upper bound at larger ones."""
+    per forward as a share of the model's step ("host:<L>"), from pilot decodes of the prompts (`Decoder.resolve`
+    hands it the run's first CALIBRATION_PROMPTS): the widest window of at most PILOT_SPLIT tokens (for those
+    windows) and the widest overall (for the rest), each on its share of them. A window's acceptance depends on
+    how stale its drafts are (and on its relaxation), so each L is read off the narrowest pilot that holds it.
+    The host share is measured at the pilot's small batch, where the decoder's fixed work per forward weighs
+    most: an upper bound at larger ones."""
     cands = [c for k, c in candidates(spec, model.grid[1]).items() if k != AR]
     small = [c for c in cands if c[1] <= PILOT_SPLIT]
     pilots = sorted({max(group, key=lambda c: c[1]) for group in (small, [c for c in cands if c[1] > PILOT_SPLIT])
                      if group}, key=lambda c: c[1])
-    k = min(len(prompts), CALIBRATION_PROMPTS)
+    k = len(prompts)
     share = max(1, k // len(pilots))
     out: dict[str, float] = {}
     for i, (widest, L_max) in enumerate(pilots):

@@ -7,25 +7,32 @@ block.py), and the sampling and relaxation they share. Each config checks its ow
 first (`check_types`: a bool, an int, a number, one of a str field's CHOICES), then their ranges.
 
 The recipe table (`RECIPES`, `recipe`): a recipe is a loop (ar.py, window.py or block.py), where its drafts come
-from (`drafter`: none, cfg.init's guesses, or SSD's spatial heads, drafters.DRAFTERS), how they are accepted
-(`acceptance`: the exact rule, or CSD's relaxation of it, verify.py), the typed config of that loop, the
-parameters a spec may set, the defaults over the config's own, and what the planner may tune (planner.py). A new
+from (`drafter`: none, cfg.init's guesses, or SSD's spatial heads, drafters.DRAFTERS; what each loads besides
+the model and whether it drafts in raster rows: DRAFTER_KINDS), how they are accepted (`acceptance`: the exact
+rule, or CSD's relaxation of it, verify.py), the typed config of that loop, the parameters a spec may set, the
+defaults over the config's own, what the planner may tune for a calibrated spec (`tunes`; what each word lets
+it choose and what that choice feeds per forward: TUNES) and what its short windows take (`short_window`). A new
 family or drafter is one entry here (and its drafter one entry in drafters.DRAFTERS); nothing else asks which
-config class a spec has.
+config class a spec has, nor compares a family's or a drafter's name.
 
-    family                 loop    drafter  acceptance  defaults
-    ar                     ar      none     exact
-    sjd                    window  guess    exact       (window 16: WindowConfig's own)
-    csd                    window  guess    relaxed     lam 2, delta 0.7, coupled, window 33
-    ssd                    window  heads    exact       coupled, window 0 (= rows rows: 2)
-    ssd+csd  (the default) window  heads    relaxed     lam 2, delta 0.7, coupled, window 0, calibrated
-    ssd, ssd+csd with commit=block: the block decoder (block.py), lossy (+1.7 nats/token measured)
+    family          loop    drafter  weights  acceptance  defaults                                   tunes
+    ar              ar      none     -        exact
+    sjd             window  guess    -        exact       (window 16: WindowConfig's own)
+    csd             window  guess    -        relaxed     lam 2, delta 0.7, coupled, window 33
+    ssd             window  heads    heads    exact       coupled, window 0 (= rows rows: 2)         window, rows
+    ssd+csd         window  heads    heads    relaxed     lam 2, delta 0.7, coupled, window 0,       window (lam 1
+      (the default)                                       calibrated                                 unless set), rows
+    ssd, ssd+csd with commit=block: the block decoder (block.py), lossy (+1.7 nats/token measured); tunes max_rows
+
+The planner's rule for the prompts a calibrated spec is planned on is here too (CALIBRATION_PROMPTS,
+`pilot_rows`), so that a driver reads them without torch; `Decoder.resolve` (decoder.py) applies it.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 
 ENTROPY_NORMS = ("support", "vocab", "none")
@@ -109,6 +116,13 @@ class Relaxation:
 
 
 MAX_ENTRIES = 192  # what one forward may feed a sample, branches included (the model's spare cache slots)
+MAX_ROW_WINDOW = 64  # the most tokens a window of raster rows holds (window.py)
+
+
+def row_window(rows: int, W: int) -> int:
+    """Tokens one forward of a window of `rows` raster rows feeds a sample (the last committed token and the rows
+    after it), for an image W tokens wide: at most MAX_ROW_WINDOW."""
+    return min(MAX_ROW_WINDOW, rows * W + 1)
 
 
 def branch_tokens(branches: int, branch_len: int, window: int) -> int:
@@ -137,7 +151,17 @@ def check_branches(branches: int, branch_len: int, window: int | None) -> None:
                          "(0 fits them)")
 
 
-DRAFTER_KINDS = ("guess", "heads")  # drafters.py: cfg.init's guesses, or SSD's spatial heads (a recipe sets it)
+@dataclass(frozen=True)
+class DrafterKind:
+    """What a drafter is beyond its name (drafters.DRAFTERS builds it): the weights it loads besides the model, and
+    whether it drafts in raster rows of the image, so that a window of it may be sized in rows."""
+
+    weights: str | None = None  # "heads": SSD's spatial heads (`heads=PATH`, else the model's own); None: nothing
+    spatial: bool = False  # drafts right and below: window=0 means `rows` raster rows; rows, two_d are its settings
+
+
+# drafters.py: cfg.init's guesses, or SSD's spatial heads (a recipe sets which); plain AR's "none" is neither
+DRAFTER_KINDS = {"guess": DrafterKind(), "heads": DrafterKind(weights="heads", spatial=True)}
 
 
 @dataclass(frozen=True)
@@ -165,9 +189,9 @@ class WindowConfig:
         check_types(self)
         if self.drafter not in DRAFTER_KINDS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTER_KINDS)}, got {self.drafter!r}")
-        heads = self.drafter == "heads"
-        if not (2 <= self.window <= 64 or heads and self.window == 0):
-            raise ValueError(f"window must be an integer in [2, 64]{', or 0 for `rows` rows' if heads else ''}; "
+        by_rows = self.spatial
+        if not (2 <= self.window <= 64 or by_rows and self.window == 0):
+            raise ValueError(f"window must be an integer in [2, 64]{', or 0 for `rows` rows' if by_rows else ''}; "
                              f"got {self.window}")
         if not 1 <= self.rows <= 4:
             raise ValueError(f"rows must be an integer in [1, 4], got {self.rows}")
@@ -180,12 +204,17 @@ class WindowConfig:
 
     def tokens(self, W: int) -> int:
         """Tokens one forward feeds a sample (L), for an image W tokens wide."""
-        return self.window or min(64, self.rows * W + 1)
+        return self.window or row_window(self.rows, W)
+
+    @property
+    def spatial(self) -> bool:
+        """Whether its drafter drafts in raster rows (DRAFTER_KINDS): window=0, rows and two_d are its settings."""
+        return DRAFTER_KINDS[self.drafter].spatial
 
     @property
     def speculative_rows(self) -> int:
         """How far it speculates, as a calibration counts its choices: the heads' rows; 0 for guessed drafts."""
-        return self.rows if self.drafter == "heads" else 0
+        return self.rows if self.spatial else 0
 
 
 @dataclass(frozen=True)
@@ -226,16 +255,27 @@ class BlockConfig:
                              "calibrated=true, or calibrated=false with a budget)")
 
     def tokens(self, W: int) -> int:
-        return min(64, self.rows * W + 1)
+        """The most tokens one forward feeds a sample, for an image W tokens wide: a block's rows of W drafted
+        tokens (its cap, max_rows, when adaptive) and the token before them (block.py re-feeds from there)."""
+        return (self.max_rows if self.adaptive else self.rows) * W + 1
 
     @property
     def speculative_rows(self) -> int:
         return self.max_rows
 
 
-# A calibrated spec's choices are timed on at least this many prompts (a batch, when that is larger): at batch 1,
-# one prompt's content would decide for a whole run (decoders/calibrate.py).
+# A calibrated spec's choices are timed on the run's first CALIBRATION_PROMPTS valid prompts (`Decoder.resolve`
+# takes them; at batch 1, one prompt's content would decide for a whole run), found among its first
+# `pilot_rows(batch)` rows, which a caller reads and hands to `Decoder.resolve`.
 CALIBRATION_PROMPTS = 4
+
+
+def pilot_rows(batch: int | Sequence[int] | None) -> int:
+    """How many of a run's first rows to hand `Decoder.resolve` (decoder.py) for it to plan a calibrated spec on: a
+    batch's worth (the largest batch allowed; None: none fixed), and at least CALIBRATION_PROMPTS, so that invalid
+    prompts among them (an actor drops those) still leave it CALIBRATION_PROMPTS valid ones where the batch has."""
+    most = max(batch) if isinstance(batch, Sequence) else (batch or 0)
+    return max(most, CALIBRATION_PROMPTS)
 # What a calibrated spec is planned for (decoders/planner.py): the most images per second, or the fastest image.
 OBJECTIVES = ("throughput", "latency")
 
@@ -250,8 +290,34 @@ REFERENCE_SEED_OFFSET = 7_000_000
 CSD_DEFAULTS = (("lam", 2.0), ("delta", 0.7))
 # A short window is judged more often per token than a row's: at lam 2 it drifts past the tolerance (+0.21
 # nats/token at window 4), at lam 1 it stays within (+0.08 [+0.06, +0.11] at window 5; `ssdgen fidelity`,
-# docs/benchmarks.md). The planner's windows of a relaxed recipe take this lam unless the user set one.
+# docs/benchmarks.md). The planner's windows of a relaxed recipe take this lam unless the user set one (the
+# recipe's `short_window`).
 SHORT_WINDOW_LAM = 1.0
+WINDOWS = (3, 4, 5, 6, 8)  # window sizes (tokens per forward) the planner may decode a calibrated spec with
+
+
+@dataclass(frozen=True)
+class Tune:
+    """What one word of a recipe's `tunes` lets the planner choose for a calibrated spec (planner.py): the values,
+    the parameters each one's concrete spec sets, and the tokens one of its forwards feeds a sample (the L the
+    planner times it at and reads its acceptance for)."""
+
+    prefix: str  # a choice is named prefix + value: "w5" (a window of 5 tokens), "r2" (2 rows)
+    values: Callable[[object], Iterable[int]]  # the spec's typed config -> the values to choose among
+    params: Callable[[object, int], dict]  # (config, value) -> the parameters the concrete spec sets
+    tokens: Callable[[int, int], int]  # (value, grid width W) -> tokens one forward feeds a sample
+    short: bool = False  # its choices are short windows, which take the recipe's `short_window` parameters
+
+
+TUNES = {
+    # the block decoder's cap on rows per block (commit=block): blocks of up to r rows of W drafted tokens
+    "max_rows": Tune("r", lambda c: range(1, c.max_rows + 1), lambda c, r: {"rows": min(c.rows, r), "max_rows": r},
+                     lambda r, W: r * W),
+    # a window of L tokens, whatever the grid's width
+    "window": Tune("w", lambda c: WINDOWS, lambda c, L: {"window": L}, lambda L, W: L, short=True),
+    # a window of r raster rows (window=0), up to the spec's own rows
+    "rows": Tune("r", lambda c: range(1, c.rows + 1), lambda c, r: {"rows": r, "window": 0}, row_window),
+}
 
 LOOPS = ("ar", "window", "block")  # ar.py, window.py, block.py
 ACCEPTANCES = ("exact", "relaxed")  # verify.py
@@ -273,11 +339,35 @@ class Recipe:
     config: type | None  # WindowConfig, BlockConfig, or None (ar has no parameters)
     params: frozenset = frozenset()  # what a spec may set (with the relaxation's, for a relaxed recipe)
     defaults: tuple = ()  # (key, value) over the config's own defaults
-    tunes: tuple = ()  # what the planner may choose for a calibrated spec: "window", "rows" or "max_rows"
+    tunes: tuple = ()  # what the planner may choose for a calibrated spec: TUNES' words, in the order it lists them
+    short_window: tuple = ()  # (key, value) a short window (TUNES' "window") takes unless the spec sets the key
 
     @property
     def relaxed(self) -> bool:
         return self.acceptance == "relaxed"
+
+    @property
+    def speculative(self) -> bool:
+        """Whether it drafts and verifies: every loop but plain AR's."""
+        return self.loop != "ar"
+
+    @property
+    def weights(self) -> str | None:
+        """What its drafter loads besides the model (DRAFTER_KINDS): "heads" (SSD's spatial heads), or None."""
+        return DRAFTER_KINDS[self.drafter].weights if self.drafter in DRAFTER_KINDS else None
+
+    def choices(self, config, given: dict, W: int) -> dict[str, tuple[dict, int]]:
+        """What the planner may choose for a calibrated spec of this recipe (its `tunes`, as TUNES defines them),
+        for an image W tokens wide: {choice: (the parameters its concrete spec sets over the spec's, the tokens
+        one of its forwards feeds a sample)}. config: the spec's typed config; given: the parameters the spec set,
+        whose values a short window keeps over `short_window`'s."""
+        out = {}
+        for word in self.tunes:
+            tune = TUNES[word]
+            extra = {k: v for k, v in self.short_window if k not in given} if tune.short else {}
+            for v in tune.values(config):
+                out[f"{tune.prefix}{v}"] = (tune.params(config, v) | extra, tune.tokens(v, W))
+        return out
 
     def build(self, family: str, params: dict):
         """A spec's flat parameters -> this recipe's typed config (None for ar). Raises ValueError naming the
@@ -319,7 +409,8 @@ RECIPES = {
     "ssd": Recipe("window", "heads", "exact", WindowConfig, _HEADS, _COUPLED + (("window", 0),),
                   tunes=("window", "rows")),
     "ssd+csd": Recipe("window", "heads", "relaxed", WindowConfig, _HEADS,
-                      CSD_DEFAULTS + _COUPLED + (("window", 0), ("calibrated", True)), tunes=("window", "rows")),
+                      CSD_DEFAULTS + _COUPLED + (("window", 0), ("calibrated", True)), tunes=("window", "rows"),
+                      short_window=(("lam", SHORT_WINDOW_LAM),)),
 }
 # commit=block: the same families on the block decoder
 BLOCK_RECIPES = {

@@ -96,6 +96,11 @@ class DecodeSpec:
         """The decoder's typed config (None for ar)."""
         return decoder_config(self.family, dict(self.params))
 
+    def tokens(self, W: int) -> int:
+        """Tokens one forward feeds each sample, for an image W tokens wide, as its config says (1 for ar)."""
+        cfg = self.config()
+        return 1 if cfg is None else cfg.tokens(W)
+
     @property
     def recipe(self) -> Recipe:
         """What this spec's family is, as it configures it (recipes.py): its loop, drafter and acceptance."""
@@ -129,7 +134,7 @@ def _check(family: str, params: dict, heads: str | None) -> None:
     the key, the expected type and the value."""
     if family not in DECODER_NAMES:
         raise ValueError(f"unknown decoder {family!r}; choose one of: {', '.join(DECODER_NAMES)}")
-    if heads is not None and recipe(family).drafter != "heads":
+    if heads is not None and recipe(family).weights != "heads":
         raise ValueError(f"decoder {family!r} takes no heads (only ssd and ssd+csd do)")
     decoder_config(family, params)
 

@@ -96,7 +96,7 @@ def decode_window(model: ImageTokenModel, prompts: list[str], seeds: list[int], 
              "delta": cfg.relax.delta, "window_sizes": "adaptive" if cfg.adaptive else "fixed",
              "packed": cfg.packed} | ({"branches": cfg.branches, "branch_len": jac.branches.D_max}
                                       if jac.branches else {})
-    if cfg.drafter == "heads":
+    if cfg.spatial:  # the settings of a drafter in raster rows (SSD's heads)
         extra |= {"rows": cfg.rows, "lossless": not cfg.relax.active, "commit": "prefix", "two_d": cfg.two_d}
     stats = jac.tally.stats(model.grid, (time.perf_counter() - t0) / len(prompts), extra)
     return DecodeResult(jac.buf[:, :jac.N].clone(), stats)

@@ -42,7 +42,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from tqdm import tqdm
 
-from ssdgen.decoders.recipes import CALIBRATION_PROMPTS
+from ssdgen.decoders.recipes import pilot_rows
 from ssdgen.decoders.spec import DecodeSpec
 from ssdgen.inputs.files import InputError, InputFile
 from ssdgen.inputs.growth import digests_for
@@ -112,7 +112,7 @@ def _decode_plan(cfg: RunSettings, files: list[InputFile], plan: ShardPlan, out:
         out.write_plan(decided)
         log.info(f"decode plan: {spec} (replayed from {cfg.plan})")
         return spec, _plan_batch(cfg, decided), 0.0
-    pilot = max(cfg.batch_size or 0, CALIBRATION_PROMPTS)
+    pilot = pilot_rows(cfg.batch_size)  # what Decoder.resolve plans on, with room for invalid prompts
     rows = [asdict(r) for r in read_shard(files, plan[0], cfg.seed)][:pilot]
     # a batch holds at most a shard's rows, and the job's (a 40-prompt job never plans batch 128); the memory is
     # shared by all the run's actors (on one machine in a local run, a safe bound on a cluster)

@@ -205,5 +205,5 @@ def check_model_spec(spec: str | None, decoder=None) -> None:
     ms = ModelSpec.parse(spec)
     text = spec or "reference"
     check_checkpoint(ms.kind, ms.path, text)
-    if decoder is not None and decoder.recipe.drafter == "heads":
+    if decoder is not None and decoder.recipe.weights == "heads":  # its drafter loads SSD heads
         check_heads_path(decoder.heads, ms.kind, ms.path, text, decoder.label)

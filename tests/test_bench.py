@@ -152,7 +152,7 @@ def test_projection_per_image_time_kv_cap_and_cost():
     m = ModelSpec("toy", 1e9, 10, 1000, 1000, prompt_len=0, bytes_per_value=2)
     # kv cap: (80e9 * 0.9 - 2e9) / (2 rows (CFG) * 40,000 B * 256 tokens) = 70e9 / 20.48e6 = 3417.96
     assert kv_cap(acc, m, 256, cfg=True) == 3417 and kv_cap(acc, m, 256, cfg=False) == 6835
-    ar = DecoderStats("ar", 1, 256, 256, 1, 256, 16, False)
+    ar = DecoderStats("ar", 1, 256, 256, 1, 256, 16, "ar")
     p = project_one(ar, acc, m, grid=16, batch=1, cfg=True, price_per_hour=3.6)
     # prefill: 0 prompt tokens -> weights only (2 ms); 255 steps of 2 rows at mean context 128
     step = (2e9 + 2 * 128 * 40_000) / 1e12
@@ -161,15 +161,15 @@ def test_projection_per_image_time_kv_cap_and_cost():
     assert p["usd_per_1k_images"] == pytest.approx(p["seconds_per_image"] * 3.6 / 3.6)
     assert p["label"] == "projection" and p["fits"]
     # a 4x window decoder: a quarter of the forwards, same memory-bound forward cost (+ KV of more tokens: none)
-    sjd = DecoderStats("sjd", 1, 64, 64, 16, 256, 16, False)
+    sjd = DecoderStats("sjd", 1, 64, 64, 16, 256, 16, "sjd:window=16")
     q = project_one(sjd, acc, m, grid=16, batch=1, cfg=True, price_per_hour=3.6)
     assert q["forwards_per_image"] == 64 and q["seconds_per_image"] == pytest.approx(2e-3 + 63 * step)
     # over the KV cap: no throughput claimed
     big = project_one(ar, acc, m, grid=16, batch=4000, cfg=True, price_per_hour=3.6)
     assert not big["fits"] and big["images_per_s"] is None and big["usd_per_1k_images"] is None
-    # ssd drafts rows: S scales with the grid width (2 rows of 16 -> 2 rows of 48)
-    ssd = DecoderStats("ssd", 1, 50, 50, 32, 256, 16, True)
-    assert project_one(ssd, acc, m, 48, 1, True, None)["tokens_fed_per_row"] == 96
+    # ssd's window is 2 raster rows: 33 tokens on a grid 16 wide, the window loop's widest, 64, at 48
+    ssd = DecoderStats("ssd", 1, 50, 50, 33, 256, 16, "ssd")
+    assert project_one(ssd, acc, m, 48, 1, True, None)["tokens_fed_per_row"] == 64
     # the overhead term is added per forward
     o = project_one(ar, acc, m, 16, 1, True, None, Roofline(overhead_per_forward=1e-3))
     assert o["seconds_per_image"] == pytest.approx(p["seconds_per_image"] + 256e-3)

@@ -131,3 +131,39 @@ def test_the_best_section_reaches_the_json_the_text_and_the_page():
     assert all(v["words"] in text for v in res["verdicts"])
     page = P.projection_html(res)
     assert "Best batch per decoder" in page and "Where speculation wins" in page and "memory cap" in page
+
+
+# ------------------------------------------------------- (d) tokens per forward from the spec that decoded
+
+def test_tokens_fed_follow_the_resolved_spec_not_the_family_name():
+    """A calibrated ssd+csd row resolved to a window of 5 tokens feeds 5 on any grid (#47: the projection once
+    scaled every ssd* row with the grid's width); a window of rows grows with the width up to the window loop's 64;
+    the block decoder's rows grow without bound; plain AR feeds 1."""
+    rows = [{"decoder": "ssd+csd", "spec": "ssd+csd", "plan_spec": "ssd+csd:calibrated=false:lam=1.0:window=5",
+             "batch_size": 1, "n": 64, "batches": 64, "forwards_per_image": 80.0, "forwards_per_batch": 80.0,
+             "tokens_fed_per_forward": 4.6},
+            {"decoder": "ssd:rows=1", "batch_size": 1, "n": 64, "batches": 64, "forwards_per_image": 100.0,
+             "forwards_per_batch": 100.0, "tokens_fed_per_forward": 17.0},
+            {"decoder": "ssd:commit=block:rows=1", "batch_size": 1, "n": 64, "batches": 64,
+             "forwards_per_image": 60.0, "forwards_per_batch": 60.0, "tokens_fed_per_forward": 17.0}]
+    bench = {"model": "toy", "device": "test", "date": None, "model_info": {"grid": [16, 16]}, "rows": rows}
+    st = {s.decoder: s for s in P.decoder_stats(bench)}
+    assert st["ssd+csd"].fed_at(48) == pytest.approx(4.6) and st["ssd+csd"].fed_at(90) == pytest.approx(4.6)
+    assert st["ssd:rows=1"].fed_at(48) == pytest.approx(17 * 49 / 17) and st["ssd:rows=1"].fed_at(90) == 64
+    assert st["ssd:commit=block:rows=1"].fed_at(48) == pytest.approx(49)
+    res = P.project(bench, ["h100"], [("7b", 48)], [1])
+    fed = {r["decoder"]: r["tokens_fed_per_row"] for r in res["rows"]}
+    assert fed["ssd+csd"] == pytest.approx(4.6)  # was 4.6 * 48 / 16 = 13.8: the overstatement #47 names
+    assert all(b["speculative"] for b in res["best"])
+
+
+def test_an_older_bench_row_without_tokens_fed_takes_them_from_its_spec():
+    old = {"model": "toy", "device": "test", "date": None, "model_info": {"grid": [16, 16]},
+           "rows": [{"decoder": d, "batch_size": 1, "n": 8, "batches": 8, "forwards_per_image": f}
+                    for d, f in (("ar", 256.0), ("csd", 100.0), ("ssd+csd", 80.0), ("ssd+csd:window=5", 90.0))]}
+    st = {s.decoder: s for s in P.decoder_stats(old)}
+    # csd's window is its recipe's 33; ssd+csd's 2 rows of 16 and the last committed token; a window's own L
+    assert {d: s.tokens_fed_per_forward for d, s in st.items()} == {"ar": 1, "csd": 33, "ssd+csd": 33,
+                                                                   "ssd+csd:window=5": 5}
+    assert not st["ar"].derived and all("tokens_fed_per_forward" in st[d].derived for d in st if d != "ar")
+    assert [s.speculative for s in st.values()] == [False, True, True, True]

@@ -241,17 +241,15 @@ def calibrate_cmd(decoder: str = RUN_DECODER,
         raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     check_out_files({"--json": json_path})
     from ssdgen.decoders import build
-    from ssdgen.decoders.recipes import CALIBRATION_PROMPTS
+    from ssdgen.decoders.recipes import pilot_rows
     from ssdgen.decoders.spec import speculative_rows
     from ssdgen.reference.prompts import eval_prompts, eval_seed
     m = model_on(model, device, dtype)
     dec = build(spec, m)  # its heads loaded once for every batch size
-    rows = eval_prompts(max(max(sizes), CALIBRATION_PROMPTS))
+    rows = eval_prompts(pilot_rows(sizes))  # Decoder.resolve plans on its first ones
     plans = []
     for b in sizes:
-        k = max(b, CALIBRATION_PROMPTS)
-        chosen = dec.resolve([r["prompt"] for r in rows[:k]], [eval_seed(seed, r["seed"]) for r in rows[:k]], b,
-                             objective)
+        chosen = dec.resolve([r["prompt"] for r in rows], [eval_seed(seed, r["seed"]) for r in rows], b, objective)
         plan = {"spec": str(chosen), "rows": speculative_rows(chosen.spec)} | chosen.plan.to_dict()
         plans.append(plan)
         est = ", ".join(f"{c.split('@')[0]}: {v:.2f}" for c, v in plan["estimates"].items())
@@ -362,7 +360,7 @@ def eval_cmd(decoder: str = DECODER, n: int = typer.Option(1024, help="eval prom
     if res["measurements"] is not None:  # a fall-back to plain AR is reported, never silent
         typer.echo(f"  note: {spec.label} resolved on this device to {res['resolved']}" + (
             f" ({res['measurements']['why']}); calibrated=false scores its speculative path"
-            if res["resolved"].startswith("ar:") else ""))
+            if not spec_of(res["resolved"]).recipe.speculative else ""))
     for k in ("scene_accuracy", "object_accuracy", "fd", "fd_real_heldout", "fd_tokenizer_floor",
               "forwards_per_image", "seconds_per_image"):
         typer.echo(f"  {k:<22} {res[k]:.4f}")

@@ -10,8 +10,8 @@ pinned, and the reader holds the table while the run reads it: a CSV of a millio
 of Arrow. Inputs much larger than memory belong in Parquet.
 
 The prompt and prompt_id columns are read as text whatever they look like (a CSV of numbers is still prompts);
-seeds are integers as the file gives them. Text is read as its user wrote it: a line of a `.txt` ends at `\n` or
-`\r\n` only (a U+2028, NEL or form feed is part of the prompt), a UTF-8 byte order mark is skipped, and a prompt or
+seeds are integers as the file gives them. Text is read as its user wrote it: a line of a `.txt` ends at a line feed
+or CR LF only (a U+2028, NEL or form feed is part of the prompt), a UTF-8 byte order mark is skipped, and a prompt or
 prompt_id that is not valid UTF-8 is kept as its bytes, so that inputs.plan makes its row an error row as it does a
 Parquet file's (the rest of the file is read). A parse error is one line naming the file (and the row where the
 parser says it); so is JSON nested deeper than `MAX_DEPTH`, which is refused before pyarrow's reader, which
@@ -123,8 +123,8 @@ def _unchecked(column: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _lines(data: bytes, prompt_column: str) -> pa.Table:
-    """One prompt a line, ended by \n or \r\n only (str.splitlines would also split at U+2028, NEL, form feeds...);
-    blank lines are skipped (a row is the n-th prompt, counted from 0)."""
+    """One prompt a line, ended by a line feed or CR LF only (str.splitlines would also split at U+2028, NEL, form
+    feeds...); blank lines are skipped (a row is the n-th prompt, counted from 0)."""
     lines = (s.removesuffix(b"\r") for s in data.removeprefix(BOM).split(b"\n"))
     kept = [s for s in lines if s.decode("utf-8", "replace").strip()]
     return pa.table({prompt_column: _unchecked(pa.chunked_array([pa.array(kept, pa.large_binary())]))})

@@ -17,10 +17,11 @@ from .layout import Output
 
 
 def check_usable(out: Output, flag: str) -> None:
-    """The store can create exclusively (commit markers and the lease need it: storage/backends.py), the
-    output is not a file, and its bucket exists (never created for the user): one line naming `flag`."""
+    """The store can create exclusively (commit markers and the lease need it: storage/backends.py; on a local
+    disk by hard links or O_EXCL, probed here), the output is not a file, and its bucket exists (never created
+    for the user): one line naming `flag`."""
     store = out.store
-    store.backend.require_create_only(flag)
+    store.require_create_only(flag)
     try:
         if store.fs.isfile(out.root):
             raise ValueError(f"{flag}: is a file; give a folder (or an object-store prefix) for the run")

@@ -15,15 +15,25 @@ a shard committed twice with different files, two drivers both holding the lease
 stops before it writes, in one line naming the backend (`require_create_only`), instead of losing that
 guarantee without a word. (fsspec's generic `open(mode="xb")` is exactly check-then-write: it is trusted only
 where the backend says the file system does it atomically.)
+
+A local file system may refuse hard links (vfat, exFAT, many SMB and NFS mounts: `os.link` raises EPERM or
+ENOTSUP) and still create exclusively with O_EXCL: a local disk then creates by O_EXCL (open, write, fsync), and
+a reader may see the file before its bytes are all there (a torn marker is damage, set aside and re-decoded; a
+torn lease is watched). Which of the two the output's file system does is probed before the run starts
+(`probe`), and a file system that does neither is refused in one line naming both.
+
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
 from dataclasses import dataclass
 
 LOCAL_PROTOCOLS = ("file", "local")
+# what os.link raises where the file system has no hard links (EPERM: vfat, exFAT, SMB; ENOTSUP: some NFS)
+NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
 
 
 class NoExclusiveCreate(ValueError):
@@ -59,6 +69,10 @@ class Backend:
         if not self.create_only:
             raise NoExclusiveCreate(self.refusal(url))
 
+    def probe(self, fs, root: str, url: str) -> None:
+        """Check, before the run writes, that the store at `root` does what this backend declares; raise
+        NoExclusiveCreate naming what it lacks. Only a local disk's file system can differ from its kind."""
+
 
 @dataclass(frozen=True)
 class LocalDisk(Backend):
@@ -81,7 +95,7 @@ class LocalDisk(Backend):
 
     def create(self, fs, path: str, data: bytes) -> bool:
         """A private temp file, hard-linked into place (link fails if the name exists): create-only and atomic,
-        so a reader never sees a half-written marker."""
+        so a reader never sees a half-written marker. Where the file system refuses hard links, O_EXCL."""
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         try:
             with open(tmp, "wb") as f:
@@ -90,9 +104,82 @@ class LocalDisk(Backend):
             return True
         except FileExistsError:
             return False
+        except OSError as e:
+            if not _no_links(e):
+                raise
         finally:
             if os.path.exists(tmp):  # a full disk fails the write itself: no temp file stays behind either
                 os.unlink(tmp)
+        return exclusive_write(path, data)
+
+    def probe(self, fs, root: str, url: str) -> None:
+        """Hard links, else O_EXCL, in the output's folder (or the nearest folder above it that exists: nothing
+        is made for a run that may never start): two probe files, removed at once. A file system that does
+        neither is refused naming both; one that cannot be written at all is left to the run's first write,
+        which names the path and the reason."""
+        where = root
+        while where and not os.path.isdir(where):
+            where = os.path.dirname(where.rstrip("/"))
+        probe = os.path.join(where or ".", f".ssdgen-probe-{uuid.uuid4().hex[:8]}")
+        try:
+            missing = _lacks_create(probe)
+        except OSError:
+            return
+        finally:
+            for p in (probe, probe + ".link"):
+                if os.path.lexists(p):
+                    os.unlink(p)
+        if missing:
+            raise NoExclusiveCreate(f"{url}: the file system under {where} {missing}; commit markers and the run's "
+                                    "lease need one of the two (two writers could both win); write the run to "
+                                    "another disk or to S3")
+
+
+def _no_links(e: OSError) -> bool:
+    """os.link refused because the file system has no hard links (our own temp file, in the same folder: not
+    a permission we lack)."""
+    return isinstance(e, PermissionError) or e.errno in NO_LINKS
+
+
+def exclusive_write(path: str, data: bytes) -> bool:
+    """O_CREAT | O_EXCL, then the bytes and an fsync: False when the name is taken. A write that fails after the
+    create (a full disk) removes the file it made, so no torn file is left for a reader."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(path)
+        raise
+    return True
+
+
+def _why(e: OSError) -> str:
+    return e.strerror or str(e) or type(e).__name__
+
+
+def _lacks_create(probe: str) -> str | None:
+    """What the file system lacks of an exclusive create, in words, or None (probe: a free name in it)."""
+    with open(probe, "wb") as f:
+        f.write(b"ssdgen")
+    try:
+        os.link(probe, probe + ".link")
+        return None
+    except OSError as e:
+        if not _no_links(e):
+            raise
+        links = f"refuses hard links (os.link: {_why(e)})"
+    os.unlink(probe)
+    try:
+        made = exclusive_write(probe, b"ssdgen") and not exclusive_write(probe, b"ssdgen")
+    except OSError as e:
+        return f"{links} and exclusive creates (O_EXCL: {_why(e)})"
+    return None if made else f"{links} and does not refuse a second O_EXCL create of one name"
 
 
 @dataclass(frozen=True)

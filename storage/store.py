@@ -82,6 +82,12 @@ class Store:
         except ValueError as e:
             raise CorruptMarker(f"{self.full_url(p)}: not valid JSON ({e}); the file was damaged or edited") from None
 
+    def require_create_only(self, flag: str) -> None:
+        """Before the run: the backend creates exclusively, and so does the file system under the root (a local
+        disk's may refuse hard links and offer O_EXCL, or neither: storage/backends.py `probe`)."""
+        self.backend.require_create_only(flag)
+        self.backend.probe(self.fs, self.root, flag)
+
     @retried
     def remove(self, name: str) -> None:
         self._fenced()

@@ -97,3 +97,58 @@ def test_verify_on_a_store_without_exclusive_create_stops_in_one_line_and_writes
     assert "store: ['/bucket/run/_config.json']" in proc.stdout
     proc = _verify_on_the_double("--read-only")
     assert proc.returncode == 0 and "store: ['/bucket/run/_config.json']" in proc.stdout, proc.stderr[-2000:]
+
+
+# --- a local file system without hard links (vfat, exFAT, many SMB and NFS mounts) ----------------------------
+def _no_links(monkeypatch) -> None:
+    import errno
+    import os
+
+    def refuse(*a, **k):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+    monkeypatch.setattr(os, "link", refuse)
+
+
+def test_a_disk_that_refuses_hard_links_creates_by_o_excl(tmp_path, monkeypatch):
+    """`os.link` refused (EPERM), O_EXCL honoured: the pre-flight check passes, markers and the lease are
+    created exclusively by O_EXCL, and no temp file stays behind. Before, the run failed after start-up with
+    '.../_lease/00000001.json: Operation not permitted'."""
+    from ssdgen.output.folder import check_usable
+    from ssdgen.output.layout import Output
+    from ssdgen.output.lease import Lease, LeaseHeld
+    from ssdgen.storage.store import Store
+    _no_links(monkeypatch)
+    out = Output(str(tmp_path / "run"))
+    check_usable(out, f"--out {tmp_path / 'run'}")
+    assert not (tmp_path / "run").exists() and list(tmp_path.iterdir()) == []  # the probe left nothing
+    with Lease(out) as lease:
+        assert lease.gen == 1
+        with pytest.raises(LeaseHeld):
+            Lease(out).acquire()
+    store = Store(str(tmp_path / "run"))
+    p = store.path("shards", "000000", "_SUCCESS.json")
+    assert store.create(p, b"mine") and store.create(p, b"mine") and not store.create(p, b"theirs")
+    assert (tmp_path / "run" / "shards" / "000000" / "_SUCCESS.json").read_bytes() == b"mine"
+    assert not list(tmp_path.rglob("*.tmp-*"))
+
+
+def test_a_disk_without_hard_links_or_o_excl_is_refused_before_the_run_naming_both(tmp_path, monkeypatch):
+    import errno
+    import os
+    from ssdgen.output.folder import check_usable
+    from ssdgen.output.layout import Output
+    _no_links(monkeypatch)
+    real_open = os.open
+
+    def no_excl(path, flags, *a, **k):
+        if flags & os.O_EXCL:
+            raise OSError(errno.ENOTSUP, "Operation not supported")
+        return real_open(path, flags, *a, **k)
+    monkeypatch.setattr(os, "open", no_excl)
+    with pytest.raises(NoExclusiveCreate) as e:
+        check_usable(Output(str(tmp_path / "run")), f"--out {tmp_path / 'run'}")
+    line = str(e.value)
+    assert line.startswith(f"--out {tmp_path / 'run'}: the file system under {tmp_path}") and "\n" not in line
+    assert "refuses hard links (os.link: Operation not permitted)" in line, line
+    assert "exclusive creates (O_EXCL: Operation not supported)" in line, line
+    assert list(tmp_path.iterdir()) == []

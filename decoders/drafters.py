@@ -57,7 +57,7 @@ from .recipes import SamplingConfig
 from .sampling import model_device, model_dtype, processed_probs, sample_from
 
 
-KINDS = ("latent", "token")
+HEAD_KINDS = ("latent", "token")  # SSD's heads: latent ones predict the hidden state, token ones the code
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,8 @@ class HeadsConfig:
     kind: str = "latent"
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"heads kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind not in HEAD_KINDS:
+            raise ValueError(f"heads kind must be one of {HEAD_KINDS}, got {self.kind!r}")
 
     @property
     def width(self) -> int:

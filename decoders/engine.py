@@ -19,7 +19,7 @@ def _ar(model, prompts, seeds, sc, cfg, heads) -> DecodeResult:
     return decode_ar(model, prompts, seeds, sc)
 
 
-# a recipe's loop (recipes.LOOPS) -> (model, prompts, seeds, sampling, typed config, heads) -> DecodeResult
+# a recipe's loop (recipes.LOOP_NAMES) -> (model, prompts, seeds, sampling, typed config, heads) -> DecodeResult
 LOOPS = {"ar": _ar, "window": decode_window, "block": decode_block}
 
 

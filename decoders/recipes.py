@@ -319,7 +319,7 @@ TUNES = {
     "rows": Tune("r", lambda c: range(1, c.rows + 1), lambda c, r: {"rows": r, "window": 0}, row_window),
 }
 
-LOOPS = ("ar", "window", "block")  # ar.py, window.py, block.py
+LOOP_NAMES = ("ar", "window", "block")  # ar.py, window.py, block.py: what a recipe's `loop` may name
 ACCEPTANCES = ("exact", "relaxed")  # verify.py
 
 _RELAX = frozenset(f.name for f in fields(Relaxation))
@@ -333,7 +333,7 @@ _BLOCK = frozenset(f.name for f in fields(BlockConfig)) - {"relax", "drafter"}
 class Recipe:
     """One family's configuration of a loop (module doc)."""
 
-    loop: str  # LOOPS
+    loop: str  # LOOP_NAMES
     drafter: str  # DRAFTER_KINDS (drafters.DRAFTERS), or "none" for ar
     acceptance: str  # ACCEPTANCES
     config: type | None  # WindowConfig, BlockConfig, or None (ar has no parameters)

@@ -13,7 +13,7 @@ import time
 
 from ssdgen.formats import write_shard
 from ssdgen.output.audit import audit_table, shard_audit, write_audit
-from ssdgen.output.layout import Output, shard_tables
+from ssdgen.output.layout import Output, shard_tables, warn_line
 from ssdgen.output.lease import LeaseLost
 from ssdgen.output.marker import Marker, ShardWork, committed_marker, shard_fields
 
@@ -106,12 +106,8 @@ class Commit:
         except (OSError, ValueError):  # cannot tell which one it names: remove only the one never committed
             keep = set(attempts[:-1])
         for attempt in attempts:
-            if attempt in keep:
-                continue
-            try:
-                self.out.remove_attempt(attempt)
-            except OSError:  # nothing written there, or a store hiccup: the holder's gc removes it
-                continue
+            if attempt not in keep and (line := self.out.remove_attempt(attempt)) is not None:
+                warn_line(line)  # refused (no delete permission): said, and the holder's gc tries again
 
     def _put(self, shard: int, attempt: str, marker: dict, images, stats, audit_t) -> Marker | None:
         out = self.out

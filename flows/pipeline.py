@@ -356,8 +356,8 @@ def _record(prep: Prepared, log) -> None:
 def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict:
     """manifest.parquet and summary.json (output.summary): cost over every committed shard, speed over this run's
     own work and wall time (each images/s labelled by what it divides)."""
-    out = prep.out
-    removed = out.gc()
+    out, log = prep.out, get_run_logger()
+    removed = out.gc(warn=log.warning)  # a delete the store refuses is one line, never the run's end
     summary, fold = committed_totals(out, prep.price, wall, audit=cfg.audit > 0)
     summary |= this_run(cfg, ran, wall, len(prep.plan), [d.shard for d in prep.damaged], removed, out.read_plan())
     summary["audit"] = _audit(cfg, out, fold.audit, prep.price)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import json
 import posixpath
+import sys
 import uuid
 from dataclasses import asdict
 from typing import Iterable, Iterator
@@ -239,9 +240,10 @@ class Output:
         except FileNotFoundError:
             return None
 
-    def remove_attempt(self, attempt: str) -> None:
-        """Remove an attempt folder this driver began and never committed, even after its lease was lost."""
-        self.store.remove_tree(attempt, fenced=False)
+    def remove_attempt(self, attempt: str) -> str | None:
+        """Remove an attempt folder this driver began and never committed, even after its lease was lost: None,
+        or the line that says the store refused it (output.layout `warn_line`)."""
+        return self.store.discard(attempt, "removing an attempt this driver never committed", tree=True, fenced=False)
 
     def parse_marker(self, path: str, data: bytes) -> Marker:
         try:
@@ -262,29 +264,12 @@ class Output:
         """shard id -> marker, for every committed shard. Holds them all: for tools and tests, not the flow."""
         return {m.shard: m for m in self.iter_markers()}
 
-    def gc(self, committed: dict[int, Marker] | None = None) -> int:
+    def gc(self, committed: dict[int, Marker] | None = None, warn=None) -> int:
         """Delete attempt folders of committed shards that their marker does not name (crashed or losing
         attempts). Returns how many. Without `committed`, only shards with more than one attempt folder have
-        their marker read: a committed shard's single folder is the one its marker names."""
-        by_shard: dict[int, list[str]] = {}
-        for d in self.store.glob("shards", "*", "attempt-*"):
-            by_shard.setdefault(_shard_of(d), []).append(d)
-        removed = 0
-        for shard, dirs in sorted(by_shard.items()):
-            if committed is not None:
-                marker = committed.get(shard)
-            elif len(dirs) > 1 and self.store.fs.exists(p := posixpath.join(self.shard_dir(shard), MARKER)):
-                marker = self.parse_marker(p, self.store.fs.cat_file(p))
-            else:
-                continue
-            if marker is None:
-                continue
-            keep = {f.attempt_dir for f in marker.files}
-            for d in dirs:
-                if posixpath.relpath(d, self.root) not in keep:
-                    self.store.remove_tree(d)
-                    removed += 1
-        return removed
+        their marker read: a committed shard's single folder is the one its marker names. A delete the store
+        refuses is said through `warn` (one line naming the folder; default: stderr) and the rest goes on."""
+        return _gc(self, committed, warn or warn_line)
 
     def manifest_writer(self) -> "ManifestWriter":
         return ManifestWriter(self)
@@ -336,6 +321,39 @@ class ManifestWriter:
         p = self.out.path(MANIFEST)
         self.out.store.put(p, self.buf.getvalue())
         return self.out.full_url(p)
+
+
+def warn_line(line: str) -> None:
+    """A warning a run goes on after (a delete the store refused), on stderr, where no logger is given."""
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def _gc(out: Output, committed: dict[int, Marker] | None, warn) -> int:
+    """Output.gc. After the store refuses one delete, the rest are not tried (each would be refused alike, a
+    few seconds apiece): one line says the first and how many more are left."""
+    by_shard: dict[int, list[str]] = {}
+    for d in out.store.glob("shards", "*", "attempt-*"):
+        by_shard.setdefault(_shard_of(d), []).append(d)
+    doomed = []
+    for shard, dirs in sorted(by_shard.items()):
+        try:
+            if committed is not None:
+                marker = committed.get(shard)
+            elif len(dirs) > 1 and out.store.fs.exists(p := posixpath.join(out.shard_dir(shard), MARKER)):
+                marker = out.parse_marker(p, out.store.fs.cat_file(p))
+            else:
+                continue
+        except CorruptMarker:  # damage the next run's check sets aside; its attempts wait until then
+            continue
+        keep = {f.attempt_dir for f in marker.files} if marker is not None else None
+        doomed += [d for d in dirs if keep is not None and posixpath.relpath(d, out.root) not in keep]
+    for n, d in enumerate(doomed):
+        line = out.store.discard(d, "gc: removing an attempt its shard's commit does not name", tree=True)
+        if line is not None:
+            more = len(doomed) - n - 1
+            warn(line + (f"; {more} more such attempt folder(s) left in place, untried" if more else ""))
+            return n
+    return len(doomed)
 
 
 def manifest_row(out: Output, m: Marker) -> dict:

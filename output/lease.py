@@ -21,6 +21,9 @@ not a lease (named in what the driver says), is watched: if its object changes w
 alive and the run is refused in one line; if it stays unchanged for `ttl` as this process's monotonic clock
 measures, it is taken over. A heartbeat ahead of this machine's clock is said in words ("1 h ahead"), never as a
 negative age. `ttl` is 60 s by default (SSDGEN_LEASE_TTL_S).
+
+A store that refuses deletes (a role without s3:DeleteObject) cannot take a lease back: the release says so in one
+line and rewrites the record as `released`, which the next run takes at once, never watches.
 """
 
 from __future__ import annotations
@@ -96,10 +99,11 @@ class Lease:
         CLI asks before it starts any server, the flow then takes the lease."""
         while True:
             top = self._top()
-            if top.raw is None:
+            # free, or given back by a driver whose store refused the delete (its record says released)
+            if top.raw is None or (top.rec or {}).get("released"):
                 self._stale = None
                 return top.gen
-            verdict, why = self._judge(top)
+            verdict, why = _judge(top, self.out.full_url(top.path), self.me["host"], self.ttl)
             if verdict == "watch":
                 verdict = self._watch(top, why)
                 why += {"alive": "; its lease changed while this driver watched it",
@@ -133,16 +137,32 @@ class Lease:
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._still_ours():
-            for gen in range(self.gen, 0, -1):  # ours and the dead holders' before us
-                try:
-                    self.out.store.fs.rm_file(self._path(gen))
-                except FileNotFoundError:
-                    break
+            self._give_back(range(self.gen, 0, -1))  # ours and the dead holders' before us
 
     def give_back(self) -> None:
         """Remove our lease now, without waiting for the heartbeat (a hard exit: flows.interrupts)."""
         if self._still_ours():
-            self.out.store.fs.rm_file(self._path(self.gen))
+            self._give_back([self.gen])
+
+    def _give_back(self, gens) -> None:
+        """Delete these generations, ours first, down to the first one gone. A store that refuses the delete is
+        said in one line, and our record is rewritten as released (a PUT it allows): the next run takes the lease
+        at once instead of watching it for a ttl. Never raises for a refused delete: the run's work is done."""
+        for gen in gens:
+            path = self._path(gen)
+            if gen != self.gen and not self.out.store.fs.exists(path):
+                return
+            line = self.out.store.discard(path, "releasing the run's lease", fenced=False)
+            if line is None:
+                continue
+            if gen == self.gen:
+                try:
+                    self.out.store.put(path, self._record(released=True))
+                    line += "; its record now says released, so the next run takes the lease at once"
+                except (OSError, LeaseLost):
+                    pass
+            self.say(line)
+            return  # the older generations would be refused alike
 
     def check(self) -> None:
         """Raise LeaseLost unless this driver may still write: the output's fence, called before every write
@@ -197,28 +217,7 @@ class Lease:
         self.lost_why = why
         self.lost.set()
 
-    # ------------------------------------------------------------------ judging a holder
-    def _judge(self, top: _Top) -> tuple[str, str]:
-        """("alive" | "stale" | "watch", why in words) for the holder of `top`."""
-        url = self.out.full_url(top.path)
-        if top.rec is None:
-            return "watch", f"{url} is not a lease record ({top.problem})"
-        h = top.rec
-        who = f"held by pid {h['pid']} on {h['host']} since {h.get('started_at')}"
-        age = time.time() - h["heartbeat"]
-        if h["host"] == self.me["host"]:  # one clock: its heartbeat can be read against ours
-            if not _pid_alive(h["pid"]):
-                return "stale", f"{who}, a process that no longer exists"
-            if age > self.ttl:
-                return "stale", f"{who}, last heartbeat {_words(age)} ago"
-            if age >= -SAME_HOST_SLACK_S:
-                return "alive", f"{who}, last heartbeat {_words(max(age, 0))} ago"
-        if age < -SAME_HOST_SLACK_S:
-            when = f"its last heartbeat is {_words(-age)} ahead of this machine's clock (the clocks disagree)"
-        else:
-            when = f"last heartbeat {_words(max(age, 0))} ago by this machine's clock"
-        return "watch", f"{who}, {when}"
-
+    # ------------------------------------------------------------------ watching a holder
     def _watch(self, top: _Top, why: str) -> str:
         """"alive" if the record changes within `ttl` of when this process first saw it, "stale" if it does not,
         "moved" if it was released or another generation appeared meanwhile."""
@@ -240,8 +239,9 @@ class Lease:
     def _path(self, gen: int) -> str:
         return self.out.path(LEASE_DIR, f"{gen:08d}.json")
 
-    def _record(self) -> bytes:
-        return json.dumps(self.me | {"heartbeat": time.time(), "beat": self.beat}).encode()
+    def _record(self, released: bool = False) -> bytes:
+        return json.dumps(self.me | {"heartbeat": time.time(), "beat": self.beat}
+                          | ({"released": True} if released else {})).encode()
 
     def _generations(self) -> list[int]:
         try:
@@ -262,6 +262,28 @@ class Lease:
             return _Top(gens[-1], path)
         rec, problem = _parse(raw)
         return _Top(gens[-1], path, raw, rec, problem)
+
+
+def _judge(top: _Top, url: str, host: str, ttl: float) -> tuple[str, str]:
+    """("alive" | "stale" | "watch", why in words) for the holder of `top` (at `url`), judged on this machine
+    (`host`) and its clock."""
+    if top.rec is None:
+        return "watch", f"{url} is not a lease record ({top.problem})"
+    h = top.rec
+    who = f"held by pid {h['pid']} on {h['host']} since {h.get('started_at')}"
+    age = time.time() - h["heartbeat"]
+    if h["host"] == host:  # one clock: its heartbeat can be read against ours
+        if not _pid_alive(h["pid"]):
+            return "stale", f"{who}, a process that no longer exists"
+        if age > ttl:
+            return "stale", f"{who}, last heartbeat {_words(age)} ago"
+        if age >= -SAME_HOST_SLACK_S:
+            return "alive", f"{who}, last heartbeat {_words(max(age, 0))} ago"
+    if age < -SAME_HOST_SLACK_S:
+        when = f"its last heartbeat is {_words(-age)} ahead of this machine's clock (the clocks disagree)"
+    else:
+        when = f"last heartbeat {_words(max(age, 0))} ago by this machine's clock"
+    return "watch", f"{who}, {when}"
 
 
 def _parse(raw: bytes) -> tuple[dict | None, str | None]:

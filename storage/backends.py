@@ -22,6 +22,8 @@ a reader may see the file before its bytes are all there (a torn marker is damag
 torn lease is watched). Which of the two the output's file system does is probed before the run starts
 (`probe`), and a file system that does neither is refused in one line naming both.
 
+Deletes go through `delete` too: on S3 one DeleteObjects per 1,000 keys whose per-key refusals (a role without
+s3:DeleteObject answers each key AccessDenied inside a 200) are raised, never dropped as s3fs's bulk delete does.
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ class Backend:
     def probe(self, fs, root: str, url: str) -> None:
         """Check, before the run writes, that the store at `root` does what this backend declares; raise
         NoExclusiveCreate naming what it lacks. Only a local disk's file system can differ from its kind."""
+
+    def delete(self, fs, paths: list[str]) -> None:
+        """Delete these files (no folders, no patterns); the first refusal is raised."""
+        for p in paths:
+            fs.rm_file(p)
 
 
 @dataclass(frozen=True)
@@ -199,6 +206,29 @@ class ExclusiveOpen(Backend):
             return False
 
 
+@dataclass(frozen=True)
+class S3(ExclusiveOpen):
+    name: str = "S3"
+    buckets: bool = True
+
+    def delete(self, fs, paths: list[str]) -> None:
+        """One DeleteObjects per 1,000 keys (S3's limit). S3 answers a refused key inside a 200 (`Errors`):
+        the first is raised, as a PermissionError for AccessDenied, naming the object."""
+        for i in range(0, len(paths), 1000):
+            chunk = paths[i:i + 1000]
+            bucket = fs.split_path(chunk[0])[0]
+            keys = [{"Key": fs.split_path(p)[1]} for p in chunk]
+            answer = fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+            for p in chunk:
+                fs.invalidate_cache(p)
+            if errors := answer.get("Errors"):
+                e = errors[0]
+                kind = PermissionError if e.get("Code") == "AccessDenied" else OSError
+                more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+                raise kind(errno.EACCES if kind is PermissionError else errno.EIO,
+                           f"{e.get('Code')}: {e.get('Message')}{more}", f"{bucket}/{e.get('Key')}")
+
+
 def backend_for(fs) -> Backend:
     """The backend of an fsspec file system: by its protocol for a plain local disk, by its class otherwise
     (a subclass keeps its parent's guarantees: a test's fault-injecting S3 is still S3)."""
@@ -213,5 +243,5 @@ def backend_for(fs) -> Backend:
     except ImportError:  # without s3fs no S3 file system exists either
         S3FileSystem = ()
     if S3FileSystem and isinstance(fs, S3FileSystem):
-        return ExclusiveOpen("S3", buckets=True)
+        return S3()
     return Backend(f"{type(fs).__name__} ({protocols[0]}://)", buckets=True)

@@ -7,6 +7,10 @@ Every write and delete is retried through transient faults (throttling, 5xx, res
 
 A run's Output carries a fence (its driver's lease check, output.lease): every write and delete here calls it
 first, so a driver that lost its lease changes nothing more.
+
+Deletes are best-effort where the run can go on without them (`discard`: the lease's release, gc of old attempts,
+an uncommitted attempt's clean-up): a store that refuses them (a role without s3:DeleteObject, an object-lock
+bucket) gets a few more tries, then one line naming the object and what the delete was for, and the run goes on.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import io
 import json
 import os
 import posixpath
+import time
 
 import fsspec
 import pyarrow as pa
@@ -25,6 +30,8 @@ import pyarrow.parquet as pq
 
 from .backends import Backend, backend_for
 from .retry import retried
+
+DENIED_TRIES = 3  # a refused delete is tried this often (a policy or token that is changing), then reported
 
 
 class CorruptMarker(ValueError):
@@ -37,10 +44,12 @@ class StorageError(OSError):
 
 
 def storage_error(url: str, exc: OSError) -> StorageError:
-    reason = os.strerror(exc.errno) if exc.errno else (str(exc) or type(exc).__name__)
-    if exc.errno == errno.ENOSPC:
+    # an object store's refusal (s3fs: PermissionError("Access Denied")) has no errno: EACCES, so it is not retried
+    code = exc.errno if exc.errno is not None or not isinstance(exc, PermissionError) else errno.EACCES
+    reason = os.strerror(code) if code else (str(exc) or type(exc).__name__)
+    if code == errno.ENOSPC:
         reason += " (the disk is full: free space, then run the same command to resume)"
-    return StorageError(exc.errno, f"{url}: {reason}")
+    return StorageError(code, f"{url}: {reason}")
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
@@ -95,6 +104,8 @@ class Store:
             self.fs.rm_file(self.path(name))
         except FileNotFoundError:
             pass
+        except PermissionError as e:  # a delete the run cannot go on without: one line naming the object
+            raise storage_error(self.full_url(self.path(name)), e) from None
 
     @retried
     def put(self, path: str, data: bytes) -> None:
@@ -192,11 +203,43 @@ class Store:
         wrote and never committed (its attempt, removed after it lost the lease: flows.commit)."""
         if fenced:
             self._fenced()
-        if self.backend.literal_paths or not any(c in path for c in "*?["):
+        if self.backend.literal_paths:
             self.fs.rm(path, recursive=True)  # a local file system's rm does not glob
             return
-        for p in self.fs.find(path):  # a request per file, only where the run's URL holds glob characters
-            self.fs.rm_file(p)
+        # the objects under it, listed, then deleted by name through the backend: fsspec's rm would read `*?[`
+        # in the run's URL as a pattern on an object store, and s3fs's bulk delete drops the keys it refused
+        self.backend.delete(self.fs, sorted(self.fs.find(path)))
+        if self.backend.folders and self.fs.isdir(path):  # a local file system under another protocol
+            self.fs.rm(path, recursive=True)
+
+    def discard(self, path: str, what: str, tree: bool = False, fenced: bool = True, sleep=time.sleep) -> str | None:
+        """Delete `path` (a file, or with `tree` a folder) where the run goes on without it: None once it is gone
+        (or was never there), else one line naming the object and `what` the delete was for. Transient faults
+        are retried as every delete is (storage.retry); a refusal (no delete permission) DENIED_TRIES times."""
+        for attempt in range(DENIED_TRIES):
+            try:
+                if tree:
+                    self.remove_tree(path, fenced=fenced)
+                else:
+                    self._remove_file(path, fenced)
+                return None
+            except FileNotFoundError:
+                return None
+            except OSError as e:  # refused, or a transient fault past its deadline, or a store's other refusal
+                err = e
+                if not isinstance(e, PermissionError) and e.errno not in (errno.EACCES, errno.EPERM):
+                    break
+                if attempt + 1 < DENIED_TRIES:
+                    sleep(0.2 * 2 ** attempt)
+        reason = err.strerror or str(err) or type(err).__name__
+        return (f"could not delete {self.full_url(path)} ({what}): {reason}; left in place (the run goes on; "
+                "a role allowed to delete removes it later)")
+
+    @retried
+    def _remove_file(self, path: str, fenced: bool) -> None:
+        if fenced:
+            self._fenced()
+        self.fs.rm_file(path)  # one DELETE by name: no pattern is read in it, and a refusal is raised
 
     @retried
     def move(self, src: str, dst: str) -> None:
@@ -206,4 +249,7 @@ class Store:
             self.fs.mv(src, dst)
             return
         self.fs.cp_file(src, dst)
-        self.fs.rm_file(src)
+        try:
+            self.fs.rm_file(src)
+        except PermissionError as e:  # the copy is made, the original stays: one line naming it
+            raise storage_error(self.full_url(src), e) from None

@@ -9,6 +9,11 @@ nothing of them.
   kernel's OOM killer or a lost node would; Ray restarts the actor.
 - Driver crashes: `crash_driver` runs `ssdgen generate` as a process of its own on hanging storage and
   SIGKILLs it once it hangs, so exactly N shards are committed and others are in flight.
+- Stores that do not behave as expected (#49), on `faultyfile://`: `deny_deletes` refuses every delete as a role
+  without DeleteObject does (PermissionError, "Access Denied"); `list_lag_s` makes listings omit the files written
+  in the last seconds, as an object store whose index lags, while reads by name see them; `drop_after_commits`
+  moves the run's folder away as commit N+1 begins, as a dropped mount does (the path then names the empty disk
+  beneath, and the writer's auto_mkdir makes the folders again). `run_driver` runs `ssdgen` with them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from s3fs import S3FileSystem
 
 ROOT = Path(__file__).resolve().parents[1]
 HANG_ENV, FLAG_ENV = "SSDGEN_TEST_HANG_AFTER_COMMITS", "SSDGEN_TEST_HANG_FLAG"
+DENY_ENV, LAG_ENV, DROP_ENV = "SSDGEN_TEST_DENY_DELETES", "SSDGEN_TEST_LIST_LAG_S", "SSDGEN_TEST_DROP_AFTER_COMMITS"
 
 
 @dataclass
@@ -40,7 +46,33 @@ class StorageFaults:
     commits: int = 0  # commit markers begun (create-only opens of _SUCCESS.json)
     hang_after_commits: int | None = None
     hang_flag: str | None = None  # a local file created when the storage starts to hang
+    deny_deletes: bool = False  # every delete refused (a role without DeleteObject)
+    denied: int = 0
+    list_lag_s: float = 0.0  # listings omit files written in the last list_lag_s seconds
+    drop_after_commits: int | None = None  # the run's folder moved away as commit N+1 begins (a dropped mount)
+    dropped: str | None = None  # where it went
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def before_delete(self, path: str) -> None:
+        if self.deny_deletes:
+            with self.lock:
+                self.denied += 1
+            raise PermissionError(13, "Access Denied", path)
+
+    def listed(self, infos: list[dict]) -> list[dict]:
+        """What a listing that lags shows: files written in the last list_lag_s seconds are not there yet."""
+        if not self.list_lag_s:
+            return infos
+        now = time.time()
+        return [i for i in infos if i.get("type") != "file" or now - i.get("mtime", 0) >= self.list_lag_s]
+
+    def drop(self, path: str) -> None:
+        """Move the run's folder (the part of `path` before /shards/) away: the mount under it went."""
+        root = path.split("/shards/")[0]
+        with self.lock:
+            if self.dropped is None:
+                self.dropped = root + ".dropped"
+                os.rename(root, self.dropped)
 
     def before_write(self, path: str) -> None:
         if "/attempt-" not in path:  # the run's config, manifest and summary are not the write path retried
@@ -58,6 +90,9 @@ class StorageFaults:
         with self.lock:
             self.commits += 1
             hang = self.hang_after_commits is not None and self.commits > self.hang_after_commits
+            drop = self.drop_after_commits is not None and self.commits > self.drop_after_commits
+        if drop:
+            self.drop(path)
         if hang:
             Path(self.hang_flag).touch()
             threading.Event().wait()  # never returns: the test kills this process
@@ -89,6 +124,18 @@ class FaultyLocal(_Faulty, LocalFileSystem):
     def open(self, path, mode="rb", *args, **kwargs):
         STORAGE.before_open(self._strip_protocol(path), mode)
         return super().open(path, mode, *args, **kwargs)
+
+    def rm_file(self, path):
+        STORAGE.before_delete(self._strip_protocol(path))
+        return super().rm_file(path)
+
+    def rm(self, path, recursive=False, maxdepth=None):
+        STORAGE.before_delete(path if isinstance(path, str) else path[0])
+        return super().rm(path, recursive=recursive, maxdepth=maxdepth)
+
+    def ls(self, path, detail=False, **kwargs):
+        found = STORAGE.listed(super().ls(path, detail=True, **kwargs))
+        return found if detail else [f["name"] for f in found]
 
 
 class FaultyS3(_Faulty, S3FileSystem):
@@ -126,10 +173,25 @@ class storage_faults:
 
 
 def from_env() -> None:
-    """In a driver started by `crash_driver`: register the protocols and hang after the commits it was told."""
+    """In a driver started by `crash_driver` or `run_driver`: register the protocols and take the faults it was
+    told (hang after N commits; deny deletes; listings that lag; the folder dropped after N commits)."""
     register()
-    STORAGE.hang_after_commits = int(os.environ[HANG_ENV])
-    STORAGE.hang_flag = os.environ[FLAG_ENV]
+    if HANG_ENV in os.environ:
+        STORAGE.hang_after_commits = int(os.environ[HANG_ENV])
+        STORAGE.hang_flag = os.environ[FLAG_ENV]
+    STORAGE.deny_deletes = os.environ.get(DENY_ENV) == "1"
+    STORAGE.list_lag_s = float(os.environ.get(LAG_ENV, 0))
+    if DROP_ENV in os.environ:
+        STORAGE.drop_after_commits = int(os.environ[DROP_ENV])
+
+
+def run_driver(cli_args: list[str], env: dict, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    """`ssdgen CLI_ARGS` as a process of its own with the faulty protocols registered and the faults `env` names
+    (DENY_ENV, LAG_ENV, DROP_ENV); stdout and stderr captured as text."""
+    code = "import faults; faults.from_env(); from ssdgen.cli import main; main()"
+    env = env | {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    return subprocess.run([sys.executable, "-c", code, *cli_args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout_s)
 
 
 def decode_workers() -> list[tuple[int, str]]:

@@ -17,6 +17,8 @@ that still fires decides; requests no rule matches are forwarded as they are. Ac
 - "lose":     forward the request, let the store act on it, then close the connection without a response:
               the client cannot tell whether it happened (a lost answer), and retries it.
 - "drop":     close the connection without forwarding (a request that never arrived).
+- "deny":     refuse without forwarding, as S3 refuses a role without the permission: 403 AccessDenied, or for a
+              DeleteObjects (POST ?delete) a 200 whose body refuses every key (S3 answers per key).
 
 `log` holds (method, path, action) for every request, "forward" for those no rule touched.
 """
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-ACTIONS = ("slowdown", "error", "delay", "lose", "drop")
+ACTIONS = ("slowdown", "error", "delay", "lose", "drop", "deny")
 _CANNED = {  # what S3 itself answers, so the client's retry logic treats it as it would the real thing
     "slowdown": (503, "SlowDown", "Please reduce your request rate."),
     "error": (500, "InternalError", "We encountered an internal error. Please try again."),
@@ -142,6 +144,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._canned(*_CANNED[action])
         if action == "drop":
             return self._hang_up()
+        if action == "deny":
+            return self._deny(body)
         if action == "delay":
             time.sleep(rule.seconds)
         status, headers, data = proxy._forward(self.command, self.path, self.headers, body)
@@ -178,6 +182,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _deny(self, body: bytes) -> None:
+        if self.command != "POST" or "?delete" not in self.path:
+            return self._canned(403, "AccessDenied", "Access Denied")
+        errors = "".join(f"<Error><Key>{k}</Key><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+                         for k in re.findall(rb"<Key>(.*?)</Key>", body) for k in [k.decode()])
+        data = (f'<?xml version="1.0" encoding="UTF-8"?>\n<DeleteResult xmlns="http://s3.amazonaws.com/doc/'
+                f'2006-03-01/">{errors}</DeleteResult>').encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _hang_up(self) -> None:
         """Close the connection with no response at all."""

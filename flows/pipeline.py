@@ -54,7 +54,7 @@ from ssdgen.output.folder import clear, size as output_size
 from ssdgen.output.layout import PLAN, ROW_DIGESTS, SUMMARY, Output, plan_words
 from ssdgen.output.lease import LEASE_DIR, Lease
 from ssdgen.output.reader import read_plan_at
-from ssdgen.output.summary import committed_totals, this_run, write_summary
+from ssdgen.output.summary import committed_totals, this_run, unlisted_line, write_summary
 from ssdgen.output.verify import set_aside
 from . import cluster
 from .dispatch import Dispatcher
@@ -358,7 +358,10 @@ def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict
     own work and wall time (each images/s labelled by what it divides)."""
     out, log = prep.out, get_run_logger()
     removed = out.gc(warn=log.warning)  # a delete the store refuses is one line, never the run's end
-    summary, fold = committed_totals(out, prep.price, wall, audit=cfg.audit > 0)
+    # the shards this run knows are committed (its own among them) count even where the listing lags
+    summary, fold = committed_totals(out, prep.price, wall, audit=cfg.audit > 0, known=prep.done)
+    if fold.unlisted:
+        log.warning(unlisted_line(fold.unlisted))
     summary |= this_run(cfg, ran, wall, len(prep.plan), [d.shard for d in prep.damaged], removed, out.read_plan())
     summary["audit"] = _audit(cfg, out, fold.audit, prep.price)
     summary["summary"] = write_summary(out, summary)

@@ -223,14 +223,13 @@ class Output:
                 flags[i] = 1
         return flags
 
-    def iter_markers(self, chunk: int = 512, skip: frozenset = frozenset()) -> Iterator[Marker]:
+    def iter_markers(self, chunk: int = 512, skip: frozenset = frozenset(), known: bytearray | None = None,
+                     unlisted: list[int] | None = None) -> Iterator[Marker]:
         """The commit markers in shard order, read `chunk` at a time: memory is one chunk, not the run. Shards in
-        `skip` (found damaged, output.verify) are left out."""
-        paths = [p for p in self.marker_paths() if _shard_of(p) not in skip]
-        for i in range(0, len(paths), chunk):
-            data = self.store.cat_files(paths[i:i + chunk])
-            for p in sorted(data, key=_shard_of):
-                yield self.parse_marker(p, data[p])
+        `skip` (found damaged, output.verify) are left out. `known`: flags of the shards the caller knows are
+        committed (a run's own commits), whose markers are read by name where the listing does not show them (a
+        store whose listing lags); those shards are added to `unlisted`."""
+        return _markers(self, chunk, skip, known, unlisted)
 
     def marker_of(self, shard: int) -> Marker | None:
         """Shard `shard`'s commit marker, or None while it is uncommitted."""
@@ -321,6 +320,21 @@ class ManifestWriter:
         p = self.out.path(MANIFEST)
         self.out.store.put(p, self.buf.getvalue())
         return self.out.full_url(p)
+
+
+def _markers(out: Output, chunk: int, skip: frozenset, known: bytearray | None,
+             unlisted: list[int] | None) -> Iterator[Marker]:
+    """Output.iter_markers: the listed markers and the known ones the listing does not show, in shard order."""
+    listed = {_shard_of(p): p for p in out.marker_paths()}
+    extra = [i for i, done in enumerate(known or ()) if done and i not in listed]
+    if unlisted is not None:
+        unlisted.extend(extra)
+    paths = sorted((p for i, p in listed.items() if i not in skip), key=_shard_of)
+    paths = sorted(paths + [posixpath.join(out.shard_dir(i), MARKER) for i in extra if i not in skip], key=_shard_of)
+    for i in range(0, len(paths), chunk):
+        data = out.store.cat_files(paths[i:i + chunk], missing_ok=bool(extra))  # one set aside since: gone
+        for p in sorted(data, key=_shard_of):
+            yield out.parse_marker(p, data[p])
 
 
 def warn_line(line: str) -> None:

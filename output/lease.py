@@ -22,8 +22,11 @@ alive and the run is refused in one line; if it stays unchanged for `ttl` as thi
 measures, it is taken over. A heartbeat ahead of this machine's clock is said in words ("1 h ahead"), never as a
 negative age. `ttl` is 60 s by default (SSDGEN_LEASE_TTL_S).
 
-A store that refuses deletes (a role without s3:DeleteObject) cannot take a lease back: the release says so in one
-line and rewrites the record as `released`, which the next run takes at once, never watches.
+No decision rests on a listing alone: some stores' listings omit the newest objects for a while (an index that
+lags), where a read by name sees a write at once. The listing only says where to start; the generations above it
+(and our own) are read by name (`_Records.top`). A store that refuses deletes (a role without s3:DeleteObject)
+cannot take a lease back: the release says so in one line and rewrites the record as `released`, which the next
+run takes at once, never watches.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class Lease:
         self.renewed_at = 0.0  # monotonic start of the last renewal that landed
         self.lost = threading.Event()
         self.lost_why = ""
+        self.records = _Records(out)
         self._lock = threading.Lock()  # one renewal at a time: the heartbeat's, or a writer's after a pause
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -98,7 +102,7 @@ class Lease:
         naming a live holder. A holder it cannot judge at once is watched, for up to `ttl`. Takes nothing: the
         CLI asks before it starts any server, the flow then takes the lease."""
         while True:
-            top = self._top()
+            top = self.records.top()
             # free, or given back by a driver whose store refused the delete (its record says released)
             if top.raw is None or (top.rec or {}).get("released"):
                 self._stale = None
@@ -210,7 +214,7 @@ class Lease:
     def _still_ours(self) -> bool:
         if not self.gen or self.lost.is_set():
             return False
-        top = self._top()
+        top = self.records.top(known=self.gen)
         return top.gen == self.gen and (top.rec or {}).get("token") == self.token
 
     def _lose(self, why: str) -> None:
@@ -228,7 +232,7 @@ class Lease:
         poll = min(1.0, self.ttl / 8)
         while (left := first + self.ttl - time.monotonic()) > 0:
             time.sleep(min(poll, left))
-            now = self._top()
+            now = self.records.top()
             if now.gen != top.gen or now.raw is None:
                 return "moved"
             if now.raw != top.raw:
@@ -237,13 +241,24 @@ class Lease:
 
     # ------------------------------------------------------------------ the records
     def _path(self, gen: int) -> str:
-        return self.out.path(LEASE_DIR, f"{gen:08d}.json")
+        return self.records.path(gen)
 
     def _record(self, released: bool = False) -> bytes:
         return json.dumps(self.me | {"heartbeat": time.time(), "beat": self.beat}
                           | ({"released": True} if released else {})).encode()
 
-    def _generations(self) -> list[int]:
+
+class _Records:
+    """The lease's records on the output's store, read so that a listing that lags cannot mislead: the listing
+    says which generations it shows, and the next ones (and the caller's own) are read by name."""
+
+    def __init__(self, out: Output):
+        self.out = out
+
+    def path(self, gen: int) -> str:
+        return self.out.path(LEASE_DIR, f"{gen:08d}.json")
+
+    def _listed(self) -> list[int]:
         try:
             # refresh: an object store's client caches listings, and a takeover must be seen by the holder
             names = self.out.store.fs.ls(self.out.path(LEASE_DIR), detail=False, refresh=True)
@@ -251,17 +266,27 @@ class Lease:
             return []
         return sorted(int(n) for n in (posixpath.basename(p).removesuffix(".json") for p in names) if n.isdigit())
 
-    def _top(self) -> _Top:
-        gens = self._generations()
-        if not gens:
-            return _Top(0)
-        path = self._path(gens[-1])
+    def _read(self, gen: int) -> bytes | None:
         try:
-            raw = self.out.store.fs.cat_file(path)
-        except FileNotFoundError:  # released meanwhile
-            return _Top(gens[-1], path)
+            return self.out.store.fs.cat_file(self.path(gen))
+        except FileNotFoundError:
+            return None
+
+    def top(self, known: int = 0) -> _Top:
+        """The highest generation: the listing's highest or `known` (the caller's own), then every next one
+        that a read by name finds (a listing that lags omits the newest); its record, or raw None when it was
+        released meanwhile (or the listing still shows it after its delete)."""
+        listed = self._listed()
+        gen = max(listed[-1] if listed else 0, known)
+        raw = self._read(gen) if gen else None
+        while (newer := self._read(gen + 1)) is not None:
+            gen, raw = gen + 1, newer
+        if gen == 0:
+            return _Top(0)
+        if raw is None:
+            return _Top(gen, self.path(gen))
         rec, problem = _parse(raw)
-        return _Top(gens[-1], path, raw, rec, problem)
+        return _Top(gen, self.path(gen), raw, rec, problem)
 
 
 def _judge(top: _Top, url: str, host: str, ttl: float) -> tuple[str, str]:

@@ -156,8 +156,12 @@ class MarkerFold:
 
     MAX_ERRORS = 10_000  # distinct error messages kept; the rarest are dropped beyond it
 
-    def __init__(self, out: Output, audit: bool, manifest: bool = True, skip: frozenset = frozenset()):
-        self.out, self.audit, self.skip = out, {} if audit else None, skip
+    def __init__(self, out: Output, audit: bool, manifest: bool = True, skip: frozenset = frozenset(),
+                 known: bytearray | None = None):
+        """known: flags of the shards the run knows are committed (its own commits and those it found), read by
+        name where the store's listing does not show them yet (`unlisted` then names them)."""
+        self.out, self.audit, self.skip, self.known = out, {} if audit else None, skip, known
+        self.unlisted: list[int] = []
         self.manifest = out.manifest_writer() if manifest else None
         self.errors: Counter = Counter()
         self.reasons: Counter = Counter()  # error_reason -> rows; summing to the failed rows
@@ -166,7 +170,7 @@ class MarkerFold:
         self.device_types: set = set()
 
     def markers(self):
-        for m in self.out.iter_markers(skip=self.skip):
+        for m in self.out.iter_markers(skip=self.skip, known=self.known, unlisted=self.unlisted):
             if self.manifest is not None:
                 self.manifest.add(m)
             self.errors.update(m.errors)

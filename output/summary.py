@@ -2,10 +2,13 @@
 
 Two parts. `committed_totals` folds the commit markers once (output.reader.MarkerFold): the totals and cost over
 every committed shard (output.cost.run_summary), the rows by decoder and by error reason, and the manifest written
-from the same stream, with the digest of the commits it names (output.converge). `this_run` is what only the run
-itself measured: its wall time and start-up, its images and commits, its failures and the settings that decided
-its images. A run writes both (flows.pipeline); `ssdgen verify --repair` rebuilds the first and keeps the second
-as the last run recorded it (output.converge.rebuild).
+from the same stream, with the digest of the commits it names (output.converge). A run passes the shards it knows
+are committed (its own commits among them): where the store's listing does not show their markers yet (a listing
+that lags), they are read by name and named in `commits_not_listed`, never dropped.
+
+`this_run` is what only the run itself measured: its wall time and start-up, its images and commits, its failures
+and the settings that decided its images. A run writes both (flows.pipeline); `ssdgen verify --repair` rebuilds
+the first and keeps the second as the last run recorded it (output.converge.rebuild).
 """
 
 from __future__ import annotations
@@ -19,15 +22,25 @@ from .layout import Output
 from .reader import MarkerFold, plan_summary
 
 
-def committed_totals(out: Output, price: Price, wall_s: float, audit: bool = False) -> tuple[dict, MarkerFold]:
+def committed_totals(out: Output, price: Price, wall_s: float, audit: bool = False,
+                     known: bytearray | None = None) -> tuple[dict, MarkerFold]:
     """(the totals over every committed shard, with the manifest's URL; the fold, whose errors, reasons and
-    audit rows the caller may use). Writes manifest.parquet."""
-    fold = MarkerFold(out, audit=audit)
+    audit rows the caller may use). Writes manifest.parquet. known: flags of the shards the caller knows are
+    committed (a run's `done`), whose markers are read by name where the listing does not show them."""
+    fold = MarkerFold(out, audit=audit, known=known)
     totals = run_summary((m.to_dict() for m in fold.markers()), price, wall_s)
     manifest = final_write(out, fold.manifest.close, totals["shards"])
     return totals | {"shards_committed": totals["shards"], "errors_by_reason": dict(fold.reasons.most_common()),
                      "rows_by_decoder": dict(fold.decoders.most_common()),
-                     "markers_digest": fold.manifest.digest.value(), "manifest": manifest}, fold
+                     "markers_digest": fold.manifest.digest.value(), "manifest": manifest,
+                     "commits_not_listed": fold.unlisted}, fold
+
+
+def unlisted_line(shards: list[int]) -> str:
+    """What a run says of commits the store's listing does not show (`commits_not_listed`), in one line."""
+    few = ", ".join(map(str, shards[:20])) + (", ..." if len(shards) > 20 else "")
+    return (f"the store's listing does not show {len(shards)} committed shard(s) yet ({few}): a listing that lags; "
+            "their markers read back by name, so manifest.parquet and summary.json name them")
 
 
 def this_run(cfg, ran: dict, wall_s: float, shards_total: int, redecoded: list[int], removed: int,

@@ -193,9 +193,13 @@ class Store:
                 out.append(p)
         return out
 
-    def cat_files(self, paths: list[str]) -> dict[str, bytes]:
-        """path -> content of each file, read concurrently where the store can (an object store)."""
-        return dict(zip(paths, self.fs.cat_ranges(list(paths), None, None, on_error="raise")))
+    def cat_files(self, paths: list[str], missing_ok: bool = False) -> dict[str, bytes]:
+        """path -> content of each file, read concurrently where the store can (an object store). With
+        `missing_ok`, a file that is not there is left out; any other failure is raised."""
+        got = self.fs.cat_ranges(list(paths), None, None, on_error="return" if missing_ok else "raise")
+        if err := next((e for e in got if isinstance(e, Exception) and not isinstance(e, FileNotFoundError)), None):
+            raise err
+        return {p: data for p, data in zip(paths, got) if not isinstance(data, Exception)}
 
     @retried
     def remove_tree(self, path: str, fenced: bool = True) -> None:

@@ -7,15 +7,17 @@ process of its own, on it and on moto's S3 behind the fault proxy (tests/s3_prox
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
-from faults import storage_faults
+from faults import LAG_ENV, run_driver, storage_faults
 from pipeline_helpers import eval_rows, write_parquet
 from ssdgen.output.layout import Output
-from ssdgen.output.lease import LEASE_DIR, Lease
+from ssdgen.output.lease import LEASE_DIR, Lease, LeaseHeld
 from ssdgen.output.marker import Marker
 
 
@@ -65,6 +67,41 @@ def test_gc_the_store_refuses_is_one_line_and_the_run_goes_on(tmp_path, capsys):
         assert "Access Denied" in lines[0] and Path(stray).is_dir()
 
 
+# --- a listing that lags --------------------------------------------------------------------------------------
+def test_lease_decisions_read_by_name_where_the_listing_lags(tmp_path):
+    """Listings omit every file written in the last hour; reads by name see them. The holder keeps its lease
+    through its renewals, a second driver is told who holds it (not 'other drivers keep taking the lease'), and
+    the release removes the lease (it used to think it had lost its own lease, and left it behind)."""
+    with storage_faults() as storage:
+        storage.list_lag_s = 3600
+        url = f"faultyfile://{tmp_path}/run"
+        a = Lease(Output(url), ttl=0.4).acquire()
+        try:
+            time.sleep(0.6)  # renewed on its heartbeat, past half a ttl
+            a.check()
+            with pytest.raises(LeaseHeld, match=f"another ssdgen run is writing here .held by pid {os.getpid()}"):
+                Lease(Output(url), ttl=0.4).acquire()
+        finally:
+            a.release()
+        assert not a.lost.is_set() and not list((tmp_path / "run" / LEASE_DIR).iterdir())
+        with Lease(Output(url)) as b:
+            assert b.gen == 1
+
+
+def test_the_run_end_names_its_own_commits_the_listing_does_not_show(tmp_path):
+    from ssdgen.output.cost import price_from
+    from ssdgen.output.summary import committed_totals
+    with storage_faults() as storage:
+        storage.list_lag_s = 3600
+        out = Output(f"faultyfile://{tmp_path}/run")
+        for shard in (0, 1):
+            _commit(out, shard)
+        assert out.marker_paths() == []  # the store's listing does not show them yet
+        totals, fold = committed_totals(out, price_from("cpu"), 1.0, known=bytearray([1, 1]))
+    assert totals["shards_committed"] == 2 and totals["commits_not_listed"] == [0, 1], totals
+    assert pq.read_table(tmp_path / "run" / "manifest.parquet").column("shard").to_pylist() == [0, 1]
+
+
 # --- as an operator meets them: `ssdgen generate` as a process of its own ---------------------------------------
 def _driver_env(**faults: str) -> dict:
     from test_operations import cli_env
@@ -73,6 +110,25 @@ def _driver_env(**faults: str) -> dict:
 
 def _errors(p) -> list[str]:
     return [line for line in p.stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_generate_on_a_listing_that_lags_names_every_commit_it_made(tmp_path):
+    """Listings omit every file written in the last hour: the run exits 0 and its manifest and summary name the 3
+    shards it committed (they named none), and it says the listing does not show them."""
+    from test_operations import RUN_ARGS, no_traceback
+    write_parquet(None, tmp_path / "p.parquet", eval_rows(12))
+    p = run_driver(["generate", "--prompts", str(tmp_path / "p.parquet"), "--out", f"faultyfile://{tmp_path}/run",
+                    *RUN_ARGS], _driver_env(**{LAG_ENV: "3600"}))
+    no_traceback(p)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "shards 3/3 committed (3 this run)" in p.stdout, p.stdout[-2000:]
+    assert "the store's listing does not show 3 committed shard(s) yet (0, 1, 2)" in p.stdout + p.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["shards_committed"] == 3 and summary["images_ok"] == 12, summary
+    assert sorted(pq.read_table(tmp_path / "run" / "manifest.parquet").column("shard").to_pylist()) == [0, 1, 2]
+    assert not list((tmp_path / "run" / LEASE_DIR).iterdir())  # given back: it knew its own lease
 
 
 @pytest.mark.slow

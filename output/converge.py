@@ -24,8 +24,20 @@ from .cost import price_from
 from .layout import DIGEST_KEY, MANIFEST, Output
 from .lease import Lease
 from .marker import MarkerDigest
+from .reader import manifest_problem, read_manifest
 from .summary import committed_totals
 from .verify import damaged_shards
+
+
+def manifest_damage(out: Output) -> str | None:
+    """Why manifest.parquet cannot be trusted though it names the right commits (a row edited to name a file
+    outside the run, or without its SHA-256: output.reader.manifest_problem), or None."""
+    try:
+        man = read_manifest(out)
+    except ValueError as e:
+        return str(e)
+    problem = man is not None and manifest_problem(out, man)
+    return f"manifest.parquet is damaged: {problem}" if problem else None
 
 
 def _count(digest: str | None) -> str:
@@ -89,12 +101,12 @@ def verify(url: str, deep: bool = True, read_only: bool = False, repair: bool = 
     damage = list(damaged_shards(out, deep=deep, sound=sound))
     res = {"url": url, "shards": sound.n + len(damage), "damaged": damage, "deep": deep, "rebuilt": None}
     if read_only:
-        return res | {"stale": stale(out, sound.value())}
+        return res | {"stale": stale(out, sound.value()) or manifest_damage(out)}
     with Lease(out) as lease:
         out.fence = lease.check
         for d in damage:
             out.set_aside(d.shard)
-        res["stale"] = why = stale(out, sound.value())
+        res["stale"] = why = stale(out, sound.value()) or manifest_damage(out)
         if why is not None or repair:
             res["rebuilt"] = rebuild(out, why or "asked for (--repair)", by="ssdgen verify")
     return res

@@ -74,8 +74,9 @@ def _schema(dst: Output, path: str):
         return pq.read_schema(fh)
 
 
-def _copy(src: Output, url: str, sha256: str | None, dst: Output, path: str) -> int:
-    """Stream one file across file systems (a tar may be a gigabyte), checking its SHA-256; returns its size."""
+def _copy(src: Output, url: str, sha256: str, dst: Output, path: str) -> int:
+    """Stream one file across file systems (a tar may be a gigabyte), checking its SHA-256 (the manifest's rows
+    are checked to name files of the run with one: output.reader.manifest_problem); returns its size."""
     h, n = hashlib.sha256(), 0
     _parent(dst, path)
     with src.store.fs.open(fsspec.core.split_protocol(url)[1], "rb") as r, dst.store.fs.open(path, "wb") as w:
@@ -83,9 +84,10 @@ def _copy(src: Output, url: str, sha256: str | None, dst: Output, path: str) -> 
             h.update(chunk)
             w.write(chunk)
             n += len(chunk)
-    if sha256 is not None and h.hexdigest() != sha256:
+    if h.hexdigest() != sha256:  # a file without a recorded SHA-256 is never copied unchecked
         dst.store.fs.rm_file(path)  # not rm: it would read glob characters in the path as a pattern
-        raise OSError(f"{url}: its SHA-256 differs from its commit marker's; the file changed after the commit")
+        raise OSError(f"{url}: its SHA-256 differs from its commit marker's ({sha256}); the file changed after the "
+                      "commit")
     return n
 
 

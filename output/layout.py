@@ -99,6 +99,11 @@ def _shard_of(path: str) -> int:
     return int(path.rstrip("/").split("/")[-2])
 
 
+def _numbered(path: str) -> bool:
+    """Whether the path is in a shard's folder, .../shards/{digits}/{name} (else `_shard_of` has no id to read)."""
+    return path.rstrip("/").split("/")[-2].isdigit()
+
+
 class ConfigMismatch(ValueError):
     """The output URL holds a run with other settings: resuming it would mix two runs."""
 
@@ -211,8 +216,9 @@ class Output:
         return self.store.create(posixpath.join(self.shard_dir(marker.shard), MARKER), marker.to_json())
 
     def marker_paths(self) -> list[str]:
-        """Every commit marker's path, in shard order (by the id in the path, numerically)."""
-        return sorted(self.store.glob("shards", "*", MARKER), key=_shard_of)
+        """Every commit marker's path, in shard order (by the id in the path, numerically): a folder not named by
+        a shard's number (put there by hand) holds none."""
+        return sorted((p for p in self.store.glob("shards", "*", MARKER) if _numbered(p)), key=_shard_of)
 
     def committed_ids(self, n_shards: int) -> bytearray:
         """flags[i] == 1 when shard i is committed: from the markers' names alone, one byte per shard."""
@@ -245,8 +251,9 @@ class Output:
         return self.store.discard(attempt, "removing an attempt this driver never committed", tree=True, fenced=False)
 
     def parse_marker(self, path: str, data: bytes) -> Marker:
+        """The marker at `path`, trusted only inside its shard's folder (output.marker `Marker.read`)."""
         try:
-            return Marker.from_json(data)
+            return Marker.read(data, _shard_of(path))
         except ValueError as e:
             err = CorruptMarker(f"{self.full_url(path)}: corrupt commit marker ({e}); `ssdgen verify "
                                 f"{self.url}` lists the damage, and the same generate re-decodes the shard")
@@ -346,7 +353,7 @@ def _gc(out: Output, committed: dict[int, Marker] | None, warn) -> int:
     """Output.gc. After the store refuses one delete, the rest are not tried (each would be refused alike, a
     few seconds apiece): one line says the first and how many more are left."""
     by_shard: dict[int, list[str]] = {}
-    for d in out.store.glob("shards", "*", "attempt-*"):
+    for d in filter(_numbered, out.store.glob("shards", "*", "attempt-*")):
         by_shard.setdefault(_shard_of(d), []).append(d)
     doomed = []
     for shard, dirs in sorted(by_shard.items()):

@@ -315,7 +315,7 @@ def _parse(raw: bytes) -> tuple[dict | None, str | None]:
     """A lease record, or None and what is wrong with it (in words)."""
     try:
         rec = json.loads(raw)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply for the parser
         return None, f"not JSON: {e}"
     if not isinstance(rec, dict):
         return None, "not a JSON object"

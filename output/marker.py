@@ -2,21 +2,41 @@
 everything that trusts a shard as done (resume, verify, the manifest, cost, audit, the reader and the report).
 
 On storage it is JSON (sorted keys, so the bytes of one marker are stable); in memory it is a frozen `Marker`
-whose `files` are `FileRecord`s. A marker that is not JSON, lacks `shard` or `files`, or has a field of the wrong
-kind fails `from_json` with a ValueError naming what is wrong; the layout turns that into `CorruptMarker` with
-the marker's URL (output.layout).
+whose `files` are `FileRecord`s. A marker that is not JSON (or nested too deeply to parse), lacks `shard` or
+`files`, or has a field of the wrong kind fails `from_json` with a ValueError naming what is wrong; the layout
+turns that into `CorruptMarker` with the marker's URL (output.layout), and the run sets the shard aside.
+
+A marker is trusted only as far as it stays in its shard (`read`): it is in the folder of the shard it names, it
+names at least one file, each with a SHA-256, and each inside an attempt folder of that shard. A marker copied
+into another shard's folder, or naming a file elsewhere (`../../`, an absolute path), is damage, never read
+through: nothing outside the run's folder is read because a marker says so.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import posixpath
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 
 from ssdgen.workers.results import UNRECORDED
+
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
+# a file a marker of shard N may name: shards/{N:06d}/attempt-{name}/{file}, no `.`, `..` or empty part
+_NAME = r"[A-Za-z0-9_-][A-Za-z0-9_.-]*"
+COUNTS = ("rows", "ok", "failed")
+SECONDS = ("wall_s", "busy_s", "load_s", "devices", "device_seconds_allocated", "device_seconds_busy")
+
+
+def in_shard(path: str, shard: int) -> bool:
+    """Whether `path` (relative to the run's root) is a file in one of shard `shard`'s attempt folders, and
+    nowhere else (no `..`, no absolute path, no other shard's folder)."""
+    return re.fullmatch(rf"shards/{shard:06d}/attempt-{_NAME}/{_NAME}", path) is not None
 
 
 def file_kind(path: str) -> str:
@@ -92,8 +112,10 @@ class Marker:
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}")
-        if not isinstance(d["shard"], int) or not isinstance(d["files"], list):
+        if not _count(d["shard"]) or not isinstance(d["files"], list):
             raise ValueError("shard must be an integer and files a list")
+        if (problem := _kinds(d)) is not None:
+            raise ValueError(problem)
         try:
             files = tuple(FileRecord(**f) for f in d["files"])
         except TypeError as e:
@@ -102,7 +124,65 @@ class Marker:
 
     @classmethod
     def from_json(cls, data: bytes) -> "Marker":
-        return cls.from_dict(json.loads(data))
+        try:
+            d = json.loads(data)
+        except RecursionError:  # 100,000 nested brackets: the parser's stack, not a marker
+            raise ValueError("nested too deeply to be a commit marker") from None
+        return cls.from_dict(d)
+
+    @classmethod
+    def read(cls, data: bytes, shard: int) -> "Marker":
+        """The marker found in shard `shard`'s folder, trusted only inside it (the module's docstring); a
+        ValueError names what is wrong."""
+        m = cls.from_json(data)
+        if m.shard != shard:
+            raise ValueError(f"it names shard {m.shard} but is in shard {shard}'s folder")
+        if not m.files:
+            raise ValueError("it names no file")
+        for f in m.files:
+            if not in_shard(f.path, shard):
+                raise ValueError(f"it names {f.path!r}, outside its shard's attempt folders")
+            if not SHA256.fullmatch(f.sha256):
+                raise ValueError(f"it names {f.path} without a SHA-256")
+        if m.attempt and {f.attempt_dir.rsplit("/", 1)[-1] for f in m.files} != {m.attempt}:
+            raise ValueError(f"its files are not all in its attempt {m.attempt}")
+        return m
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _file_kinds(f: dict) -> bool:
+    return (isinstance(f.get("path"), str) and isinstance(f.get("sha256"), str) and _count(f.get("rows"))
+            and _count(f.get("bytes")) and isinstance(f.get("md5"), (str, type(None)))
+            and (f.get("mtime") is None or _number(f["mtime"])))
+
+
+# (fields, their check, what they must be): the fields the run counts, costs and names shards by
+_KINDS = ((COUNTS, _count, "a count"), (SECONDS, _number, "a number"),
+          (("errors", "error_reasons"), lambda v: isinstance(v, dict) and all(map(_count, v.values())),
+           "counts by message"),
+          (("audit",), lambda v: v is None or isinstance(v, dict), "an object"),
+          (("attempt", "device_type"), lambda v: isinstance(v, str), "a string"),
+          (("decoder",), lambda v: v is None or isinstance(v, str), "a string"))
+
+
+def _kinds(d: dict) -> str | None:
+    """What is of the wrong kind in a marker's fields or its files' records, in words, or None: a hand-edited
+    marker is damage named here, never a TypeError in the summary later."""
+    for keys, ok, kind in _KINDS:
+        for k in keys:
+            if k in d and not ok(d[k]):
+                return f"{k} is {json.dumps(d[k])[:40]}, not {kind}"
+    for f in d["files"]:
+        if not isinstance(f, dict) or not _file_kinds(f):
+            return f"the file record {json.dumps(f)[:80]} has a field of the wrong kind"
+    return None
 
 
 @dataclass(frozen=True)

@@ -42,24 +42,61 @@ from .audit import DEFAULT_TOLERANCE, summarize as audit_summary
 from .cost import Price, check_price_options, price_from, run_summary
 from .layout import (IMAGES_SCHEMA, MANIFEST, STATS_SCHEMA, Output, images_schema, manifest_row,
                      manifest_schema)
+from .marker import SHA256, in_shard
 from .verify import damaged_shards
 
 
 def committed_shards(url: str, fresh: bool = False) -> pa.Table:
     """One row per committed shard (output.layout.manifest_schema: shard, rows, stats_url, images_url, tar_url,
     their SHA-256, ...), in shard order. From manifest.parquet, or from the markers when there is none or
-    `fresh`. Raises FileNotFoundError when the URL holds no run."""
+    `fresh`. Raises FileNotFoundError when the URL holds no run, ValueError naming the row when the manifest
+    names a file outside its shard's folders or without its SHA-256 (`manifest_problem`): never read through."""
     out = Output(url)
     out.read_config()  # a clear error when the URL is not a run
-    if not fresh and out.store.fs.exists(out.path(MANIFEST)):
+    if not fresh and (man := read_manifest(out)) is not None:
+        if (problem := manifest_problem(out, man)) is not None:
+            raise ValueError(f"{out.full_url(out.path(MANIFEST))}: damaged: {problem}; nothing is read through it: "
+                             f"`ssdgen verify {url}` rebuilds it from the commit markers (or give --fresh)")
+        return man
+    return pa.Table.from_pylist([manifest_row(out, m) for m in out.iter_markers()], schema=manifest_schema())
+
+
+def read_manifest(out: Output) -> pa.Table | None:
+    """manifest.parquet in the project's schema (a manifest from before a column existed, tar_url, ..., gets it
+    as nulls), or None when there is none."""
+    try:
         with out.store.fs.open(out.path(MANIFEST), "rb") as f:
             man = pq.read_table(f, use_threads=False)  # a Python file: inputs.files._given_ids says why
-        # a manifest from before a column existed (tar_url, ...) gets it as nulls
         schema = manifest_schema()
         cols = [man.column(n) if n in man.column_names else pa.nulls(man.num_rows, schema.field(n).type)
                 for n in schema.names]
         return pa.Table.from_arrays(cols, schema=schema)
-    return pa.Table.from_pylist([manifest_row(out, m) for m in out.iter_markers()], schema=manifest_schema())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:  # truncated, overwritten, or columns of other types: pyarrow says which
+        raise ValueError(f"{out.full_url(out.path(MANIFEST))}: not a readable manifest ({e}); `ssdgen verify "
+                         f"{out.url}` rebuilds it from the commit markers") from None
+
+
+def manifest_problem(out: Output, man: pa.Table) -> str | None:
+    """What makes a manifest untrustworthy, naming the row, or None: each row names its shard once, and files of
+    this run only, in that shard's attempt folders, each (but the audit) with its SHA-256. A manifest is a
+    derived file (output.converge); an edited one is never followed outside the run."""
+    pairs = [("stats_url", "stats_sha256"), ("audit_url", None)] + [tuple(f.manifest_columns) for f in written()]
+    root, seen = out.full_url(out.root) + "/", set()
+    for row in man.to_pylist():
+        shard = row["shard"]
+        if shard is None or shard < 0 or shard in seen:
+            return f"shard {shard} is named twice, or is not a shard's number"
+        seen.add(shard)
+        if row["stats_url"] is None:
+            return f"shard {shard} names no statistics file"
+        for col, sha in pairs:
+            if (u := row[col]) is not None and not (u.startswith(root) and in_shard(u[len(root):], shard)):
+                return f"shard {shard}'s {col} {u} is not in its shard's attempt folders in {out.url}"
+            if u is not None and sha is not None and not (row[sha] and SHA256.fullmatch(row[sha])):
+                return f"shard {shard}'s {col} {u} has no SHA-256 ({sha} is {row[sha]!r})"
+    return None
 
 
 def open_run(url: str, columns: list[str] | None = None, fresh: bool = False) -> ds.Dataset:

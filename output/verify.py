@@ -9,8 +9,8 @@ A marker names every file of its shard with its size and SHA-256 (output.layout.
     deep  (`ssdgen verify`, --deep)         every file read back and its SHA-256 compared
 
 A resume, and `ssdgen verify` (unless --read-only), sets damaged shards aside (`Output.set_aside`: the marker
-moves to _DAMAGED-*.json); the next run re-decodes them, saying so. A marker that is not valid JSON is damage
-too, named by its file.
+moves to _DAMAGED-*.json); the next run re-decodes them, saying so. A marker that is not valid JSON, or not
+trusted inside its shard's folder (output.marker `Marker.read`), is damage too, named by its file.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class Store:
             raise storage_error(self.full_url(p), e) from None
         try:
             return json.loads(data)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply for the parser
             raise CorruptMarker(f"{self.full_url(p)}: not valid JSON ({e}); the file was damaged or edited") from None
 
     def require_create_only(self, flag: str) -> None:

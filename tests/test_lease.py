@@ -13,7 +13,7 @@ import pytest
 
 from ssdgen.output.layout import Output
 from ssdgen.output.lease import LEASE_DIR, Lease, LeaseHeld, LeaseLost
-from ssdgen.output.marker import Marker
+from ssdgen.output.marker import FileRecord, Marker
 
 
 def _dead_pid() -> int:
@@ -287,12 +287,18 @@ def test_a_lost_answer_to_the_lease_put_is_not_another_driver(s3_faults):
             Lease(Output("s3://ssdgen-test/run")).acquire()
 
 
+def _named(attempt: str) -> Marker:
+    """Shard 3's marker for `attempt`, naming one file (a marker that names none is damage: output.marker)."""
+    f = FileRecord(path=f"shards/000003/{attempt}/stats.parquet", rows=0, bytes=0, sha256="0" * 64)
+    return Marker(shard=3, files=(f,), attempt=attempt)
+
+
 def test_a_lost_answer_to_a_commit_marker_is_our_commit(s3_faults):
     out = Output("s3://ssdgen-test/run")
-    ours = Marker(shard=3, files=(), attempt="attempt-aaaaaaaaaaaa")
+    ours = _named("attempt-aaaaaaaaaaaa")
     s3_faults.add("PUT", r"/shards/000003/_SUCCESS\.json", "lose")
     assert out.commit(ours) and s3_faults.fired("lose") == 1
-    assert not out.commit(Marker(shard=3, files=(), attempt="attempt-bbbbbbbbbbbb"))  # another attempt's: refused
+    assert not out.commit(_named("attempt-bbbbbbbbbbbb"))  # another attempt's: refused
     assert out.committed()[3].attempt == "attempt-aaaaaaaaaaaa"
 
 

@@ -11,6 +11,7 @@ import os
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -19,6 +20,7 @@ from pipeline_helpers import eval_rows, write_parquet
 from ssdgen.output.layout import Output
 from ssdgen.output.lease import LEASE_DIR, Lease, LeaseHeld
 from ssdgen.output.marker import Marker
+from ssdgen.output.verify import damaged_shards
 
 
 def _commit(out: Output, shard: int, data: bytes = b"stats", attempt: str | None = None) -> Marker:
@@ -100,6 +102,111 @@ def test_the_run_end_names_its_own_commits_the_listing_does_not_show(tmp_path):
         totals, fold = committed_totals(out, price_from("cpu"), 1.0, known=bytearray([1, 1]))
     assert totals["shards_committed"] == 2 and totals["commits_not_listed"] == [0, 1], totals
     assert pq.read_table(tmp_path / "run" / "manifest.parquet").column("shard").to_pylist() == [0, 1]
+
+
+# --- markers and manifests: nothing outside the run is read through them ----------------------------------------
+def _marker_at(run: Path, shard: int, marker: dict | bytes) -> None:
+    p = run / "shards" / f"{shard:06d}" / "_SUCCESS.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(marker if isinstance(marker, bytes) else json.dumps(marker).encode())
+
+
+def test_a_marker_in_another_shards_folder_is_damage_and_the_manifest_names_each_shard_once(tmp_path):
+    out = Output(str(tmp_path / "run"))
+    m0 = _commit(out, 0)
+    _marker_at(tmp_path / "run", 1, m0.to_dict())  # shard 0's marker copied into shard 1's folder
+    found = list(damaged_shards(out))
+    assert [(d.shard, d.url.endswith("000001/_SUCCESS.json")) for d in found] == [(1, True)], found
+    assert "names shard 0 but is in shard 1's folder" in found[0].problem
+    out.set_aside(1)
+    out.write_manifest(out.iter_markers())
+    assert pq.read_table(tmp_path / "run" / "manifest.parquet").column("shard").to_pylist() == [0]
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda m, other: m | {"files": []}, "names no file"),
+    (lambda m, other: m | {"files": [m["files"][0] | {"sha256": None}]}, "wrong kind"),
+    (lambda m, other: m | {"files": [m["files"][0] | {"sha256": ""}]}, "without a SHA-256"),
+    (lambda m, other: m | {"files": [m["files"][0] | {"path": "shards/000000/attempt-x/../../../../etc/passwd"}]},
+     "outside its shard's attempt folders"),
+    (lambda m, other: m | {"files": other["files"]}, "outside its shard's attempt folders"),  # shard 0's file
+    (lambda m, other: m | {"ok": "4"}, "ok is \"4\", not a count"),
+])
+def test_a_marker_that_names_no_file_or_a_file_outside_its_shard_is_damage(tmp_path, edit, problem):
+    out = Output(str(tmp_path / "run"))
+    m0 = _commit(out, 0)
+    m1 = _commit(out, 1)
+    _marker_at(tmp_path / "run", 1, edit(m1.to_dict(), m0.to_dict()))
+    found = list(damaged_shards(out))
+    assert [d.shard for d in found] == [1] and problem in found[0].problem, found
+
+
+def test_a_hostile_marker_is_named_and_set_aside_never_fatal(tmp_path):
+    """100,000 nested brackets: status, verify and a resume's check name the file (they stopped with
+    'maximum recursion depth exceeded' naming none), and the shard is set aside like any damaged one."""
+    from ssdgen.output.reader import run_status
+    out = Output(str(tmp_path / "run"))
+    out.write_config({"inputs": [{"url": "p.parquet", "rows": 8}], "shard_size": 4}, replacing=False)
+    _commit(out, 0)
+    _commit(out, 1)
+    _marker_at(tmp_path / "run", 1, b"[" * 100_000)
+    found = list(damaged_shards(out, deep=True))
+    assert [d.shard for d in found] == [1] and "nested too deeply" in found[0].problem, found
+    assert found[0].url == f"file://{tmp_path}/run/shards/000001/_SUCCESS.json"
+    status = run_status(str(tmp_path / "run"))
+    assert status["shards_done"] == 1 and [d.shard for d in status["damaged"]] == [1]
+    out.set_aside(1)
+    assert list(damaged_shards(out)) == [] and list((tmp_path / "run" / "shards" / "000001").glob("_DAMAGED-*"))
+
+
+def _exported_run(tmp_path: Path) -> Path:
+    """A committed run of one shard with its images and statistics Parquet, its manifest and summary."""
+    from ssdgen.output.cost import price_from
+    from ssdgen.output.layout import IMAGES_SCHEMA, STATS_SCHEMA
+    from ssdgen.output.summary import committed_totals, write_summary
+    from ssdgen.storage.store import parquet_bytes
+    out = Output(str(tmp_path / "run"))
+    out.write_config({"inputs": [], "shard_size": 4, "model": "reference", "decoder": "ar"}, replacing=False)
+    attempt = out.new_attempt(0)
+    files = [out.store.write_bytes(f"{attempt}/{name}.parquet", parquet_bytes(schema.empty_table()), rows=0)
+             for name, schema in (("images", IMAGES_SCHEMA), ("stats", STATS_SCHEMA))]
+    assert out.commit(Marker.from_dict({"shard": 0, "attempt": attempt.rsplit("/", 1)[-1], "files": files}))
+    totals, _ = committed_totals(out, price_from("cpu"), 1.0)
+    write_summary(out, totals)
+    return tmp_path / "run"
+
+
+def test_a_manifest_row_naming_a_file_outside_the_run_is_never_read_through(tmp_path):
+    """A manifest row whose images_url names a file outside the run, with a null SHA-256: export copied that
+    file (rc 0) and verify noticed nothing. Now export refuses in one line naming the row, verify says the
+    manifest is damaged and rebuilds it from the markers, and export then works."""
+    from ssdgen.output.converge import verify
+    from ssdgen.output.export import export
+    run = _exported_run(tmp_path)
+    (tmp_path / "secret.parquet").write_bytes((run / "manifest.parquet").read_bytes())  # any file outside
+    man = pq.read_table(run / "manifest.parquet")
+    meta = pq.read_metadata(run / "manifest.parquet").metadata  # which commits it names: the same
+    rows = [r | {"images_url": f"file://{tmp_path}/secret.parquet", "images_sha256": None} for r in man.to_pylist()]
+    pq.write_table(pa.Table.from_pylist(rows, schema=man.schema.with_metadata(meta)), run / "manifest.parquet")
+    with pytest.raises(ValueError) as e:
+        export(str(run), str(tmp_path / "export"), "parquet")
+    line = str(e.value)
+    assert "manifest.parquet: damaged: shard 0's images_url" in line and "secret.parquet" in line, line
+    assert "not in its shard's attempt folders" in line and "\n" not in line
+    assert not (tmp_path / "export").exists() or not list((tmp_path / "export").rglob("*.parquet"))
+    report = verify(str(run), read_only=True)
+    assert report["stale"] and "manifest.parquet is damaged" in report["stale"], report
+    assert verify(str(run))["rebuilt"] is not None
+    assert export(str(run), str(tmp_path / "export"), "parquet")["shards"] == 1
+
+
+def test_a_manifest_naming_a_shard_twice_is_damaged(tmp_path):
+    from ssdgen.output.reader import committed_shards
+    run = _exported_run(tmp_path)
+    man = pq.read_table(run / "manifest.parquet")
+    pq.write_table(pa.concat_tables([man, man]), run / "manifest.parquet")
+    with pytest.raises(ValueError, match="shard 0 is named twice"):
+        committed_shards(str(run))
 
 
 # --- as an operator meets them: `ssdgen generate` as a process of its own ---------------------------------------

@@ -54,10 +54,11 @@ def shard_marker(job, cfg, spec: str, planning_s: float = 0.0) -> tuple[dict, ob
 
 
 class Commit:
-    """Writes and commits a run's shards. `guard`, when given, is called before every commit and raises when the
-    run may no longer commit; `aborted()` is the run's abort, None while it runs. spec: the run's resolved spec
-    text (flows.pipeline), which every batch's results must report. planning_s: a calibration actor's seconds,
-    charged to the first shard this run commits."""
+    """Writes and commits a run's shards. `guard`, when given, is called before a shard's files are written and
+    before its commit, and raises when the run may no longer commit (output.lease `Lease.guard`); `aborted()` is
+    the run's abort, None while it runs. spec: the run's resolved spec text (flows.pipeline), which every batch's
+    results must report. planning_s: a calibration actor's seconds, charged to the first shard this run
+    commits."""
 
     def __init__(self, cfg, out: Output, spec: str, guard=None, aborted=lambda: None, planning_s: float = 0.0):
         self.cfg, self.out, self.spec, self.guard, self.aborted = cfg, out, spec, guard, aborted
@@ -111,6 +112,8 @@ class Commit:
 
     def _put(self, shard: int, attempt: str, marker: dict, images, stats, audit_t) -> Marker | None:
         out = self.out
+        if self.guard is not None:  # before the files too: a folder replaced under the run gets none of them
+            self.guard()
         # each --format's file (formats/: images.parquet, the WebDataset tar, ...) and stats.parquet
         files = write_shard(out, attempt, shard, images, stats, self.cfg.format, self.cfg.shard_size)
         if audit_t is not None:  # written even when empty: the marker then says this shard was audited

@@ -253,7 +253,7 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
             bar = tqdm(total=rows, unit="img", desc="generate", disable=not progress, smoothing=0.1)
             # the wait is read now, not at import: tests and operators may change it on the module
             disp = Dispatcher(cfg, files, out, actors, done, log, ACTOR_RESTART_WAIT_S, bar,
-                              str(resolved or cfg.decoder), guard=lease.check, planning_s=planning_s).start()
+                              str(resolved or cfg.decoder), guard=lease.guard, planning_s=planning_s).start()
             stop.target = disp.interrupt  # from here a signal stops the window, not the main thread
             with _own_line(bar):
                 failed_groups = run_groups(RunContext(plan, done, disp), pending, len(plan))
@@ -310,6 +310,7 @@ def execute(cfg: RunSettings, progress: bool = True, overwrite: bool = False) ->
                 log.warning(f"{prep.stale}: rebuilding manifest.parquet and summary.json from the commit markers")
             ran = _run_pending(cfg, prep, progress, t0, lease, stop) if prep.pending else \
                 {"failed": {}, "startup_s": 0.0, "images": 0, "commits": 0, "commit_latency_s": None}
+            lease.guard()  # the folder is still the run's (a dropped mount): else no manifest in the new one
             summary = _summarize(cfg, prep, ran, time.perf_counter() - t0)
     failed = ran["failed"]
     if (stopped := ran.get("interrupted")) is not None:

@@ -26,7 +26,9 @@ No decision rests on a listing alone: some stores' listings omit the newest obje
 lags), where a read by name sees a write at once. The listing only says where to start; the generations above it
 (and our own) are read by name (`_Records.top`). A store that refuses deletes (a role without s3:DeleteObject)
 cannot take a lease back: the release says so in one line and rewrites the record as `released`, which the next
-run takes at once, never watches.
+run takes at once, never watches. Before every commit (`guard`) the run also checks that its lease record and
+_config.json are still there: a folder replaced under the run (a dropped mount: the path now names the disk
+beneath) is the end of the run, in one line (`OutputGone`), not a new run begun in the empty folder.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .layout import Output
+from .layout import CONFIG, Output
 
 LEASE_DIR = "_lease"
 SAME_HOST_SLACK_S = 2.0  # a heartbeat this far ahead of our own clock is still our clock (rounding, a step)
@@ -63,6 +65,10 @@ class LeaseHeld(RuntimeError):
 
 class LeaseLost(RuntimeError):
     """This driver's lease was taken over: it must not write anything more."""
+
+
+class OutputGone(LeaseLost):
+    """The run's folder was replaced under it (its lease record and _config.json are gone): it writes no more."""
 
 
 @dataclass
@@ -90,6 +96,7 @@ class Lease:
         self.renewed_at = 0.0  # monotonic start of the last renewal that landed
         self.lost = threading.Event()
         self.lost_why = ""
+        self.gone: str | None = None  # what of the run's folder went missing, when it was replaced under the run
         self.records = _Records(out)
         self._lock = threading.Lock()  # one renewal at a time: the heartbeat's, or a writer's after a pause
         self._stop = threading.Event()
@@ -168,6 +175,23 @@ class Lease:
             self.say(line)
             return  # the older generations would be refused alike
 
+    def guard(self) -> None:
+        """`check`, and the run's folder is still the one it started in: its _config.json and lease record are
+        there (two reads by name: stats on a disk, HEADs on an object store). Called before every commit and
+        before the manifest and summary (flows.pipeline): a folder replaced under the run stops it here."""
+        self.check()
+        lease, config = self._exists(self._path(self.gen)), self._exists(self.out.path(CONFIG))
+        if not (lease and config):
+            with self._lock:
+                if not config:  # no run here any more: the folder was replaced (or emptied) under the run
+                    self.gone = f"{CONFIG} {'is' if lease else 'and the lease record are'} gone"
+                self._lose(f"the run's folder was replaced: {self.gone}" if self.gone else "its record is gone")
+            self.check()
+
+    def _exists(self, path: str) -> bool:
+        self.out.store.fs.invalidate_cache(path)  # an object store's client answers from a cached listing else
+        return self.out.store.fs.exists(path)
+
     def check(self) -> None:
         """Raise LeaseLost unless this driver may still write: the output's fence, called before every write
         (storage.store), and before every commit. Free while the last renewal is recent; after a pause it renews
@@ -176,6 +200,10 @@ class Lease:
             with self._lock:
                 if not self.lost.is_set() and time.monotonic() - self.renewed_at >= self.ttl / 2:
                     self._renew()
+        if self.lost.is_set() and self.gone is not None:
+            raise OutputGone(f"{self.out.url}: the run's folder was replaced while the run wrote to it ({self.gone}:"
+                             " a dropped or remounted file system, or a deleted folder?); this driver stops without "
+                             "writing a new run into it; once the folder is back, run the same command to resume")
         if self.lost.is_set():
             raise LeaseLost(f"{self.out.url}: this driver lost the run's lease ({self.lost_why}); it stops "
                             "without writing anything more (the driver that holds the lease finishes the run)")
@@ -203,6 +231,9 @@ class Lease:
         taken it over in between). Called with `_lock` held."""
         t0 = time.monotonic()
         if not self._still_ours():
+            if not self._exists(self._path(self.gen)) and not self._exists(self.out.path(CONFIG)):
+                self.gone = f"{CONFIG} and the lease record are gone"  # no other driver: no run here at all
+                return self._lose(f"the run's folder was replaced: {self.gone}")
             return self._lose("another driver took it over")
         self.beat += 1
         self.out.store.put(self._path(self.gen), self._record())

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from faults import LAG_ENV, run_driver, storage_faults
+from faults import DROP_ENV, LAG_ENV, run_driver, storage_faults
 from pipeline_helpers import eval_rows, write_parquet
 from ssdgen.output.layout import Output
 from ssdgen.output.lease import LEASE_DIR, Lease, LeaseHeld
@@ -209,6 +209,27 @@ def test_a_manifest_naming_a_shard_twice_is_damaged(tmp_path):
         committed_shards(str(run))
 
 
+# --- an output folder replaced under the run --------------------------------------------------------------------
+def test_a_folder_replaced_under_the_run_stops_it_at_the_next_commit(tmp_path):
+    from ssdgen.output.lease import OutputGone
+    out = Output(str(tmp_path / "run"))
+    out.write_config({"shard_size": 4}, replacing=False)
+    lease = Lease(out).acquire()
+    try:
+        out.fence = lease.check
+        lease.guard()  # the run's folder: its lease and config are there
+        (tmp_path / "run").rename(tmp_path / "mounted")  # the mount went: the path names the disk beneath
+        with pytest.raises(OutputGone, match="the run's folder was replaced while the run wrote to it .*"
+                                             "_config.json and the lease record are gone"):
+            lease.guard()
+        with pytest.raises(OutputGone):
+            out.store.put(out.path("summary.json"), b"{}")
+    finally:
+        lease.release()
+    assert not (tmp_path / "run").exists()  # nothing written into the new folder, not even the lease's
+    assert list((tmp_path / "mounted" / LEASE_DIR).iterdir())  # the old one is untouched
+
+
 # --- as an operator meets them: `ssdgen generate` as a process of its own ---------------------------------------
 def _driver_env(**faults: str) -> dict:
     from test_operations import cli_env
@@ -236,6 +257,26 @@ def test_generate_on_a_listing_that_lags_names_every_commit_it_made(tmp_path):
     assert summary["shards_committed"] == 3 and summary["images_ok"] == 12, summary
     assert sorted(pq.read_table(tmp_path / "run" / "manifest.parquet").column("shard").to_pylist()) == [0, 1, 2]
     assert not list((tmp_path / "run" / LEASE_DIR).iterdir())  # given back: it knew its own lease
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_generate_stops_in_one_line_when_its_folder_is_replaced_under_it(tmp_path):
+    """The output's mount goes as the second commit begins: the run stops in one line at its next commit (or
+    before its manifest), and writes no config, manifest or summary into the folder beneath (it used to end
+    'Completed' there)."""
+    from test_operations import RUN_ARGS, no_traceback
+    write_parquet(None, tmp_path / "p.parquet", eval_rows(12))
+    p = run_driver(["generate", "--prompts", str(tmp_path / "p.parquet"), "--out", f"faultyfile://{tmp_path}/run",
+                    *RUN_ARGS], _driver_env(**{DROP_ENV: "1"}))
+    no_traceback(p)
+    errors = _errors(p)
+    assert p.returncode == 2 and len(errors) == 1, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "the run's folder was replaced while the run wrote to it" in errors[0], errors
+    assert "run the same command to resume" in errors[0], errors
+    new, old = tmp_path / "run", tmp_path / "run.dropped"
+    assert not any((new / name).exists() for name in ("_config.json", "summary.json", "manifest.parquet"))
+    assert (old / "_config.json").exists() and len(list(old.glob("shards/*/_SUCCESS.json"))) == 1
 
 
 @pytest.mark.slow

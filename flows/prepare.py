@@ -18,8 +18,7 @@ from ssdgen.output.cost import Price
 from ssdgen.output.folder import check_usable, is_inside
 from ssdgen.output.layout import ROW_DIGESTS, Output
 from ssdgen.output.lease import Lease
-from ssdgen.output.marker import MarkerDigest
-from ssdgen.output.verify import Damage, damaged_shards
+from ssdgen.output.verify import Damage, committed_state
 from .settings import RunSettings
 
 
@@ -96,17 +95,13 @@ def prepare(cfg: RunSettings, overwrite: bool = False, leased: bool = False) -> 
     if segments and len(segments) > 1:  # a plan that grew (inputs.plan): every later run rebuilds it from here
         recorded["segments"] = [[list(r) for r in seg] for seg in segments]
     plan = ShardPlan(files, cfg.shard_size, segments)
-    done = out.committed_ids(len(plan))
-    sound = MarkerDigest()
-    damaged = list(damaged_shards(out, sound=sound))
-    for d in damaged:
-        if d.shard < len(done):
-            done[d.shard] = 0
+    # one listing; every marker read and checked, unless nothing under shards/ changed since the last run checked it
+    done, damaged, markers = committed_state(out, len(plan))
     pinned = bool(done.count(1) or damaged)
     # grown inputs (--incremental) are the old run's, rows added: every other setting must still match
     compared = old if added is None else old | {k: recorded.get(k) for k in ("inputs", "segments")}
     changed = out.check_config(recorded, compared, pinned)
-    why = stale(out, sound.value()) if not done.count(0) else None
+    why = stale(out, markers) if not done.count(0) else None
     return Prepared(cfg, price, files, plan, out, done, damaged, changed, why, recorded, old, added)
 
 

@@ -4,7 +4,8 @@ Two parts. `committed_totals` folds the commit markers once (output.reader.Marke
 every committed shard (output.cost.run_summary), the rows by decoder and by error reason, and the manifest written
 from the same stream, with the digest of the commits it names (output.converge). A run passes the shards it knows
 are committed (its own commits among them): where the store's listing does not show their markers yet (a listing
-that lags), they are read by name and named in `commits_not_listed`, never dropped.
+that lags), they are read by name and named in `commits_not_listed`, never dropped. The fold is checked against a
+listing taken first (output.verify.FilesCheck), whose digest lets the next resume skip reading the markers.
 
 `this_run` is what only the run itself measured: its wall time and start-up, its images and commits, its failures
 and the settings that decided its images. A run writes both (flows.pipeline); `ssdgen verify --repair` rebuilds
@@ -20,6 +21,7 @@ from ssdgen.storage.store import StorageError
 from .cost import Price, run_summary
 from .layout import Output
 from .reader import MarkerFold, plan_summary
+from .verify import FilesCheck, listing
 
 
 def committed_totals(out: Output, price: Price, wall_s: float, audit: bool = False,
@@ -27,12 +29,14 @@ def committed_totals(out: Output, price: Price, wall_s: float, audit: bool = Fal
     """(the totals over every committed shard, with the manifest's URL; the fold, whose errors, reasons and
     audit rows the caller may use). Writes manifest.parquet. known: flags of the shards the caller knows are
     committed (a run's `done`), whose markers are read by name where the listing does not show them."""
+    check = FilesCheck(out, listing(out))
     fold = MarkerFold(out, audit=audit, known=known)
-    totals = run_summary((m.to_dict() for m in fold.markers()), price, wall_s)
+    totals = run_summary((check.see(m).to_dict() for m in fold.markers()), price, wall_s)
     manifest = final_write(out, fold.manifest.close, totals["shards"])
     return totals | {"shards_committed": totals["shards"], "errors_by_reason": dict(fold.reasons.most_common()),
                      "rows_by_decoder": dict(fold.decoders.most_common()),
                      "markers_digest": fold.manifest.digest.value(), "manifest": manifest,
+                     "listing_digest": None if fold.unlisted else check.digest(),
                      "commits_not_listed": fold.unlisted}, fold
 
 

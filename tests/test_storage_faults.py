@@ -101,6 +101,7 @@ def test_the_run_end_names_its_own_commits_the_listing_does_not_show(tmp_path):
         assert out.marker_paths() == []  # the store's listing does not show them yet
         totals, fold = committed_totals(out, price_from("cpu"), 1.0, known=bytearray([1, 1]))
     assert totals["shards_committed"] == 2 and totals["commits_not_listed"] == [0, 1], totals
+    assert totals["listing_digest"] is None  # the next run checks every marker
     assert pq.read_table(tmp_path / "run" / "manifest.parquet").column("shard").to_pylist() == [0, 1]
 
 
@@ -228,6 +229,52 @@ def test_a_folder_replaced_under_the_run_stops_it_at_the_next_commit(tmp_path):
         lease.release()
     assert not (tmp_path / "run").exists()  # nothing written into the new folder, not even the lease's
     assert list((tmp_path / "mounted" / LEASE_DIR).iterdir())  # the old one is untouched
+
+
+# --- a rerun with nothing to do stays cheap -----------------------------------------------------------------------
+def _synthetic_run(tmp_path: Path, shards: int):
+    """A committed run of `shards` one-row shards, made the way a run's end makes it (no decoding)."""
+    from ssdgen.flows.prepare import prepare
+    from ssdgen.flows.settings import RunSettings
+    from ssdgen.inputs.growth import digests_for
+    from ssdgen.output.cost import price_from
+    from ssdgen.output.layout import ROW_DIGESTS
+    from ssdgen.output.summary import committed_totals, write_summary
+    write_parquet(None, tmp_path / "p.parquet", eval_rows(shards))
+    cfg = RunSettings(prompts=(str(tmp_path / "p.parquet"),), out=str(tmp_path / "run"), decoder="ar",
+                      shard_size=1, batch_size=1)
+    prep = prepare(cfg)
+    prep.out.write_config(prep.record | {ROW_DIGESTS: digests_for(prep.files, prep.record["inputs"], [], None)},
+                          replacing=False)
+    for i in range(shards):
+        _commit(prep.out, i)
+    totals, _ = committed_totals(prep.out, price_from("cpu"), 1.0)
+    write_summary(prep.out, totals | {"shards_total": shards})
+    return cfg
+
+
+def test_a_rerun_with_nothing_to_do_reads_no_marker(tmp_path, monkeypatch):
+    """Over 200 shards the no-op rerun's check is one listing and the run's own small files: it read every
+    marker (the issue's 37 s over 1,010 shards). Any change under shards/ brings the full check back."""
+    from fsspec.implementations.local import LocalFileSystem
+    from ssdgen.flows.prepare import prepare
+    cfg = _synthetic_run(tmp_path, 200)
+    reads: list[str] = []
+    real = LocalFileSystem._open
+
+    def counted(self, path, *a, **k):
+        reads.append(str(path))
+        return real(self, path, *a, **k)
+    monkeypatch.setattr(LocalFileSystem, "_open", counted)
+    prep = prepare(cfg)
+    assert prep.pending == 0 and prep.stale is None and not prep.damaged
+    assert [p for p in reads if "/shards/" in p] == [], len(reads)
+    stats = next((tmp_path / "run" / "shards" / "000007").glob("attempt-*/stats.parquet"))
+    stats.write_bytes(b"statz")  # the same size, another mtime and content: the listing differs
+    reads.clear()
+    prep = prepare(cfg)
+    assert [d.shard for d in prep.damaged] == [7] and "SHA-256" in prep.damaged[0].problem
+    assert len([p for p in reads if p.endswith("_SUCCESS.json")]) == 200
 
 
 # --- as an operator meets them: `ssdgen generate` as a process of its own ---------------------------------------

@@ -31,12 +31,12 @@ class _Restart:
 
     def __init__(self, deadline: float):
         self.deadline = deadline
-        self.waiting: list = []  # flows.window.Job
+        self.waiting: list = []  # flows.inflight.Job
 
 
 class Health:
     """The actors being restarted and their probe timers; the dispatch thread owns it. `post` queues an event,
-    `send(job, batches)` resubmits batches (flows.scheduling), `finish(job, exc=)` fails a shard (flows.window)."""
+    `send(job, batches)` resubmits batches (flows.scheduling), `finish(job, exc=)` fails a shard (flows.inflight)."""
 
     def __init__(self, restart_wait_s: float, log, post, send, finish):
         self.restart_wait_s, self.log = restart_wait_s, log

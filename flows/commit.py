@@ -38,7 +38,7 @@ def decoded_by(job, spec: str) -> str:
 
 
 def shard_marker(job, cfg, spec: str, planning_s: float = 0.0) -> tuple[dict, object, object, object | None]:
-    """A decoded shard (flows.window.Job) as (its marker before the commit, the images table, the stats table,
+    """A decoded shard (flows.inflight.Job) as (its marker before the commit, the images table, the stats table,
     the audit table or None without an audit). spec: the run's resolved spec text, which the results must report
     (`decoded_by`); the rows and marker record what the results say (a calibrated run's requested spec is only
     in its config). planning_s: a calibration actor's seconds, charged here as model load is."""

@@ -1,12 +1,12 @@
-"""The bounded shard window: one driver thread keeps every actor busy with a few shards at a time, and a small
+"""The shards in flight, bounded: one driver thread keeps every actor busy with a few shards at a time, and a small
 fixed pool of I/O threads reads shards and writes and commits them.
 
-    group task (flows.pipeline) --submit--> [window: at most `capacity` shards alive] --> read (I/O pool)
+    group task (flows.pipeline) --submit--> [in flight: at most `capacity` shards alive] --> read (I/O pool)
         --> ready --> an actor with room: all the shard's batches at once (Ray queues them in order)
         --> every batch back --> write + commit (I/O pool) while the actor decodes its next shard --> done
 
 Why this shape: the driver's memory must not grow with the run (see the heap profile in the issue), so the
-number of shards alive is bounded (flows.window), Arrow runs only on the fixed I/O threads (flows.io_pool), and
+number of shards alive is bounded (flows.inflight), Arrow runs only on the fixed I/O threads (flows.io_pool), and
 a finished shard leaves nothing behind but its marker in storage and one byte in `done`.
 
 All Ray results arrive as events on one queue (`ObjectRef.future()` callbacks), so the dispatch thread never
@@ -19,7 +19,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from ssdgen.inputs.plan import Shard
+from ssdgen.inputs.shards import Shard
 from ssdgen.output.layout import Output
 from ssdgen.output.lease import LeaseLost
 from ssdgen.output.marker import Marker
@@ -29,11 +29,11 @@ from .events import Abort, Admit, Batch, Probe, Read, Stop, Written
 from .io_pool import IOPool
 from .scheduling import Scheduler
 from .ticket import Ticket
-from .window import Job, Window
+from .inflight import Inflight, Job
 
 
 class Dispatcher:
-    """Run shards on `actors` through a window of `capacity` shards. `submit` blocks while the window is full;
+    """Run shards on `actors` with at most `capacity` shards in flight. `submit` blocks while that many are;
     `done[i]` is set when shard i commits. Start with `start()`, end with `close()`. Public methods are called
     from other threads (group tasks, the flow, a signal handler), private ones run on the dispatch thread."""
 
@@ -48,9 +48,9 @@ class Dispatcher:
         self.depth = self.sched.depth
         self.io_threads = min(8, max(2, len(actors)))
         self.capacity = len(actors) * (self.depth + 1) + self.io_threads  # decoding + read ahead + writing
-        self.window = Window(self.capacity, self.events.put, log)
-        self.health = Health(restart_wait_s, log, self.events.put, self.sched.send, self.window.finish)
-        commit = Commit(cfg, out, decoder or str(cfg.decoder), guard, lambda: self.window.aborted, planning_s)
+        self.inflight = Inflight(self.capacity, self.events.put, log)
+        self.health = Health(restart_wait_s, log, self.events.put, self.sched.send, self.inflight.finish)
+        commit = Commit(cfg, out, decoder or str(cfg.decoder), guard, lambda: self.inflight.aborted, planning_s)
         self.io = IOPool(cfg, files, self.io_threads, self.events.put, commit.write)
         self.commits = self.images = 0
         # driver seconds from a shard's last batch coming back to its commit being visible: count, sum, max
@@ -60,15 +60,15 @@ class Dispatcher:
     @property
     def aborted(self) -> BaseException | None:
         """What the run aborted with (an interrupt, a bug in the dispatch thread, the close), or None."""
-        return self.window.aborted
+        return self.inflight.aborted
 
     def start(self) -> "Dispatcher":
         self.thread.start()
         return self
 
     def submit(self, shard: Shard, ticket: Ticket) -> None:
-        """Hand a shard to the window; blocks while `capacity` shards are alive. Raises if the run aborted."""
-        self.window.enter(shard, ticket)
+        """Hand a shard to the dispatcher; blocks while `capacity` shards are alive. Raises if the run aborted."""
+        self.inflight.enter(shard, ticket)
 
     def interrupt(self, exc: BaseException) -> None:
         """Stop now (Ctrl-C, SIGTERM): every shard alive ends with `exc`, uncommitted; safe from a signal
@@ -76,7 +76,7 @@ class Dispatcher:
         self.events.put(Abort(exc))
 
     def close(self) -> None:
-        self.window.close()
+        self.inflight.close()
         self.thread.join()
         self.io.shutdown()
 
@@ -92,7 +92,7 @@ class Dispatcher:
             try:
                 self._handle(ev)
                 self.health.tick()
-                if self.window.aborted is None:
+                if self.inflight.aborted is None:
                     self.sched.dispatch(self.health.restarting)
             except Exception as e:  # noqa: BLE001 - a bug here must fail the run, not hang it
                 self._abort(e)
@@ -102,14 +102,14 @@ class Dispatcher:
             case None:
                 pass  # no event: only the probe timers (`health.tick`) are due
             case Admit(shard, ticket):
-                if (job := self.window.admit(shard, ticket)) is not None:  # None: the run aborted meanwhile
+                if (job := self.inflight.admit(shard, ticket)) is not None:  # None: the run aborted meanwhile
                     self.io.read(job)
             case Read(job) | Written(job) if job.finished:
                 pass  # the shard ended meanwhile (an abort, a failed batch): its late I/O changes nothing
             case Written(job, fut) if isinstance(fut.exception(), LeaseLost):
                 self._abort(fut.exception(), quiet=True)  # another driver holds the output: no shard may commit
             case Read(job, fut) | Written(job, fut) if fut.exception() is not None:
-                self.window.finish(job, exc=fut.exception())
+                self.inflight.finish(job, exc=fut.exception())
             case Read(job, fut):
                 self._on_read(job, *fut.result())
             case Batch(job, i, gen, fut):
@@ -134,7 +134,7 @@ class Dispatcher:
             return
         job.refs.pop(i, None)
         if (exc := fut.exception()) is not None:
-            return self.health.death(job, exc) if is_death(exc) else self.window.finish(job, exc=exc)
+            return self.health.death(job, exc) if is_death(exc) else self.inflight.finish(job, exc=exc)
         if self.bar is not None:
             self.bar.update(len(job.batches[i]))
         if job.take(i, fut.result()):
@@ -149,8 +149,8 @@ class Dispatcher:
             self.write_n += 1
             self.write_total += write_s
             self.write_max = max(self.write_max, write_s)
-        self.window.finish(job, images=marker.ok if marker else None)
+        self.inflight.finish(job, images=marker.ok if marker else None)
 
     def _abort(self, exc: BaseException, quiet: bool = False) -> None:
-        self.window.abort(exc, quiet)
+        self.inflight.abort(exc, quiet)
         self.sched.ready.clear()

@@ -56,7 +56,7 @@ def dry_run(cfg: RunSettings) -> dict:
         usd = {"on_demand": devices_h * prep.price.on_demand_usd_per_hour,
                "spot": devices_h * prep.price.spot_usd_per_hour if prep.price.spot_usd_per_hour else None}
     return {"out": prep.out.url, "inputs": [{"url": f.url, "rows": f.num_rows} for f in prep.files],
-            "rows": prep.plan.rows, "shards": len(prep.plan), "committed": prep.committed, "pending": prep.pending,
+            "rows": prep.shards.rows, "shards": len(prep.shards), "committed": prep.committed, "pending": prep.pending,
             "damaged": [str(d) for d in prep.damaged], "pending_rows": pending_rows,
             "columns": cfg.kept_columns(prep.files).names, "changed": prep.changed, "added": _added(prep),
             "plan": None if plan is None else {"spec": plan["spec"], "why": plan["measurements"].get("why")},

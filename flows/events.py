@@ -2,7 +2,7 @@
 these, on one queue: a shard admitted, its rows read, a batch back from an actor, a restart probe answered, a
 shard written, an abort, the stop. They are typed, not strings, so each is handled by name in one `match`
 (flows.dispatch, `Dispatcher._handle`) and every handler has callers that a search finds; frozen, because an
-event is a fact that is handled once and never changed. The fields are the window's own objects (flows.window
+event is a fact that is handled once and never changed. The fields are the window's own objects (flows.inflight
 `Job`, flows.scheduling `Actor`), left untyped here so that this module imports none of them."""
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from ssdgen.inputs.plan import ShardPlan
+from ssdgen.inputs.shards import Shards
 from .dispatch import Dispatcher
 from .interrupts import Interrupted
 from .ticket import Ticket, is_transient
@@ -36,8 +36,8 @@ def retry_transient(task, task_run, state) -> bool:
 class RunContext:
     """What every group task shares. A plain class: Prefect passes it through without hashing or walking it."""
 
-    def __init__(self, plan: ShardPlan, done: bytearray, dispatcher: Dispatcher):
-        self.plan, self.done, self.dispatcher = plan, done, dispatcher
+    def __init__(self, shards: Shards, done: bytearray, dispatcher: Dispatcher):
+        self.shards, self.done, self.dispatcher = shards, done, dispatcher
 
 
 @task(name="shards", task_run_name="shards-{first}-{last}", retries=4, retry_delay_seconds=exponential_backoff(0.5),
@@ -48,7 +48,7 @@ def run_shards(first: int, last: int, ctx: RunContext) -> dict:
     try:
         for i in range(first, last + 1):
             if not ctx.done[i]:
-                ctx.dispatcher.submit(ctx.plan[i], ticket)  # blocks while the window is full
+                ctx.dispatcher.submit(ctx.shards[i], ticket)  # blocks while the dispatcher is full
     finally:
         ticket.wait()  # raises the worst error of the group's shards
     return {"first": first, "last": last, "committed": ticket.committed, "images": ticket.images}

@@ -15,7 +15,7 @@ from dataclasses import asdict
 
 import pyarrow as pa
 
-from ssdgen.inputs.plan import read_shard_columns
+from ssdgen.inputs.shards import read_shard_columns
 from ssdgen.inputs.row_reader import RowReader
 from ssdgen.output.audit import mark_rows
 from .events import Read, Written
@@ -36,7 +36,7 @@ class IOPool:
         self.reader = RowReader(keep_rows=KEEP_SHARDS * cfg.shard_size, extra=tuple(self.kept.names))
 
     def read(self, job) -> None:
-        """Read the shard's rows and kept input columns (flows.window.Job); they come back as `Read(job, future)`."""
+        """Read the shard's rows and kept input columns (flows.inflight.Job); they come back as `Read(job, future)`."""
         self._submit(Read, job, self._read)
 
     def write(self, job, decoded_at: float) -> None:

@@ -1,7 +1,7 @@
 """The generation flow: Parquet prompts on any fsspec URL -> images and per-sample statistics as committed
 Parquet shards (and/or WebDataset tars: formats/), on a pool of Ray actors, driven by Prefect.
 
-    plan (metadata only) -> skip committed shards -> groups of shards as Prefect tasks with retries, a few at
+    shards (metadata only) -> skip committed shards -> groups of shards as Prefect tasks with retries, a few at
     a time (flows.groups) -> a bounded window of shards over the actors (flows.dispatch): read its rows ->
     decode batches on an actor -> write images/stats under an attempt key -> commit marker
     -> gc unmarked attempts -> manifest + summary (cost, audit), streamed from the markers -> Prefect artifacts
@@ -46,7 +46,7 @@ from ssdgen.decoders.recipes import pilot_rows
 from ssdgen.decoders.spec import DecodeSpec
 from ssdgen.inputs.files import InputError, InputFile
 from ssdgen.inputs.growth import digests_for
-from ssdgen.inputs.plan import ShardPlan, read_shard
+from ssdgen.inputs.shards import Shards, read_shard
 from ssdgen.output.audit import audit_rows
 from ssdgen.output.audit import summarize as audit_summary, warning as audit_warning
 from ssdgen.output.cost import Price, cost_table
@@ -55,7 +55,7 @@ from ssdgen.output.layout import PLAN, ROW_DIGESTS, SUMMARY, Output, plan_words
 from ssdgen.output.lease import LEASE_DIR, Lease
 from ssdgen.output.reader import read_plan_at
 from ssdgen.output.summary import committed_totals, this_run, unlisted_line, write_summary
-from ssdgen.output.verify import set_aside
+from ssdgen.output.damage import set_aside
 from . import cluster
 from .dispatch import Dispatcher
 from .groups import RunContext, run_groups
@@ -92,7 +92,7 @@ def _cluster_slots(cfg: RunSettings):
         yield
 
 
-def _decode_plan(cfg: RunSettings, files: list[InputFile], plan: ShardPlan, out: Output, log,
+def _decode_plan(cfg: RunSettings, files: list[InputFile], shards: Shards, out: Output, log,
                  stop: StopSignals) -> tuple[DecodeSpec | None, int, float]:
     """(the concrete spec a calibrated request resolves to, else None: the request decodes as it is; the batch
     size; the seconds a calibration actor took, charged with the first commit), decided once per run before the
@@ -113,10 +113,10 @@ def _decode_plan(cfg: RunSettings, files: list[InputFile], plan: ShardPlan, out:
         log.info(f"decode plan: {spec} (replayed from {cfg.plan})")
         return spec, _plan_batch(cfg, decided), 0.0
     pilot = pilot_rows(cfg.batch_size)  # what Decoder.resolve plans on, with room for invalid prompts
-    rows = [asdict(r) for r in read_shard(files, plan[0], cfg.seed)][:pilot]
+    rows = [asdict(r) for r in read_shard(files, shards[0], cfg.seed)][:pilot]
     # a batch holds at most a shard's rows, and the job's (a 40-prompt job never plans batch 128); the memory is
     # shared by all the run's actors (on one machine in a local run, a safe bound on a cluster)
-    most = min(cfg.shard_size, plan.rows)
+    most = min(cfg.shard_size, shards.rows)
     decided, seconds = _calibrate(cfg, rows, most, stop)
     out.write_plan(decided)
     m = decided["measurements"]
@@ -234,7 +234,7 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
     images and commits this run, commit latency, the signal that interrupted it}. Ctrl-C and SIGTERM stop it
     as flows.interrupts says; the lease is checked before every commit."""
     log = get_run_logger()
-    files, out, plan, done = prep.files, prep.out, prep.plan, prep.done
+    files, out, shards, done = prep.files, prep.out, prep.shards, prep.done
     pending = done.count(0)
     rows = prep.pending_rows
     disp = None
@@ -245,7 +245,7 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
         actors = []
         try:
             n = _pool_size(cfg, pending)
-            resolved, batch, planning_s = _decode_plan(cfg, files, plan, out, log, stop)
+            resolved, batch, planning_s = _decode_plan(cfg, files, shards, out, log, stop)
             cfg = cfg.model_copy(update={"batch_size": batch})  # what the dispatcher splits shards by
             actors = _actors(cfg, n, resolved, stop)
             startup_s = time.perf_counter() - t0
@@ -256,7 +256,7 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
                               str(resolved or cfg.decoder), guard=lease.guard, planning_s=planning_s).start()
             stop.target = disp.interrupt  # from here a signal stops the window, not the main thread
             with _own_line(bar):
-                failed_groups = run_groups(RunContext(plan, done, disp), pending, len(plan))
+                failed_groups = run_groups(RunContext(shards, done, disp), pending, len(shards))
             bar.close()
         finally:
             stop.target = lambda exc: None  # a first signal during the clean-up must not cut it short
@@ -318,7 +318,7 @@ def execute(cfg: RunSettings, progress: bool = True, overwrite: bool = False) ->
     if failed:
         first = min(failed)
         raise ShardsFailed(f"{len(failed)} shard(s) failed (first: shard {first}: {failed[first]}); "
-                           f"{summary['shards']}/{len(prep.plan)} committed; run again to resume")
+                           f"{summary['shards']}/{len(prep.shards)} committed; run again to resume")
     return summary
 
 
@@ -363,7 +363,7 @@ def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict
     summary, fold = committed_totals(out, prep.price, wall, audit=cfg.audit > 0, known=prep.done)
     if fold.unlisted:
         log.warning(unlisted_line(fold.unlisted))
-    summary |= this_run(cfg, ran, wall, len(prep.plan), [d.shard for d in prep.damaged], removed, out.read_plan())
+    summary |= this_run(cfg, ran, wall, len(prep.shards), [d.shard for d in prep.damaged], removed, out.read_plan())
     summary["audit"] = _audit(cfg, out, fold.audit, prep.price)
     summary["summary"] = write_summary(out, summary)
     _artifacts(summary, fold.errors, fold.reasons)

@@ -27,13 +27,13 @@ def run(cfg: RunSettings, overwrite: bool = False, progress: bool = True,
         say(f"--overwrite: deleting the run at {prep.out.url} ({found[0]} files, {found[1] / 2**20:.1f} MiB) "
             "before starting")
     elif not overwrite and not prep.pending and prep.stale is None:
-        say(f"nothing to do: all {len(prep.plan)} shards of {prep.out.url} are committed and their files check out "
+        say(f"nothing to do: all {len(prep.shards)} shards of {prep.out.url} are committed and their files check out "
             "(ssdgen verify reads them all back)")
         recorded = prep.out.read_summary()
         if recorded is not None:
             say("the run's recorded totals (summary.json, unchanged):")
             return recorded | {"shards_run_now": 0, "summary": prep.out.full_url(prep.out.path(SUMMARY))}
-        return {"shards_run_now": 0, "shards_committed": len(prep.plan), "shards_total": len(prep.plan)}
+        return {"shards_run_now": 0, "shards_committed": len(prep.shards), "shards_total": len(prep.shards)}
     elif not overwrite and not prep.pending:  # the flow rebuilds them from the markers, under the lease
         say(f"nothing to decode, but {prep.stale}: rebuilding manifest.parquet and summary.json")
     with around() as server:

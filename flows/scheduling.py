@@ -26,7 +26,7 @@ class Actor:
 
     def __init__(self, handle):
         self.handle = handle
-        self.jobs: list = []  # shards decoding here (flows.window.Job)
+        self.jobs: list = []  # shards decoding here (flows.inflight.Job)
         self.inflight = 0  # batches submitted and not yet back
         self.mark = 0.0  # perf_counter up to which this actor's time has been charged
 

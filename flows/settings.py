@@ -161,7 +161,7 @@ class RunSettings(WorkerSettings):
         resume must not mix shards with and without tars). Every key always, whatever its value. No credentials.
         Not the prices (--prices, --usd-per-hour): they decide no image, so a resume may change them; the run
         records its price in _price.json (output.layout) instead. flows.prepare adds the shard plan's `segments`
-        once the inputs grew (--incremental: inputs.plan), and the flow the inputs' row digests (inputs.growth)."""
+        once the inputs grew (--incremental: inputs.shards), and the flow the inputs' row digests (inputs.growth)."""
         keys = ("model", "seed", "shard_size", "batch_size", "audit", "audit_tolerance", "image_format", "quality",
                 "format", "dtype")
         # png ignores --quality: recorded as null there, so another --quality resumes a png run

@@ -1,5 +1,5 @@
 """Growing inputs (`--incremental`): the rows added since the last run, as the shard plan's next segment
-(inputs.plan), and the proof that the rows the last run planned are still the same.
+(inputs.shards), and the proof that the rows the last run planned are still the same.
 
 A run records, per input file, a digest of its rows (`row_digests`): one 64-bit BLAKE2b per `CHUNK` rows over
 each row's prompt, prompt_id and seed values, as one hex string (1M rows: about 16 KB of _config.json). A file's
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from .files import InputError, InputFile, _pinned_read_error, load_text, prompt_ids_as_text
 from .pinned import PinnedFile
-from .plan import Range
+from .shards import Range
 
 CHUNK = 1024        # rows per digest
 HEX = 16            # hex characters per digest (8 bytes)

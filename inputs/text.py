@@ -12,7 +12,7 @@ of Arrow. Inputs much larger than memory belong in Parquet.
 The prompt and prompt_id columns are read as text whatever they look like (a CSV of numbers is still prompts);
 seeds are integers as the file gives them. Text is read as its user wrote it: a line of a `.txt` ends at a line feed
 or CR LF only (a U+2028, NEL or form feed is part of the prompt), a UTF-8 byte order mark is skipped, and a prompt or
-prompt_id that is not valid UTF-8 is kept as its bytes, so that inputs.plan makes its row an error row as it does a
+prompt_id that is not valid UTF-8 is kept as its bytes, so that inputs.shards makes its row an error row as it does a
 Parquet file's (the rest of the file is read). A parse error is one line naming the file (and the row where the
 parser says it); so is JSON nested deeper than `MAX_DEPTH`, which is refused before pyarrow's reader, which
 recurses once per level, can crash the process (past about 5,000 levels).
@@ -117,7 +117,7 @@ def _csv(data: bytes, delimiter: str, prompt_column: str) -> pa.Table:
 
 
 def _unchecked(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Binary values as text, unchecked: a value that is not UTF-8 stays as it is, for inputs.plan to refuse."""
+    """Binary values as text, unchecked: a value that is not UTF-8 stays as it is, for inputs.shards to refuse."""
     text = pa.large_string() if pa.types.is_large_binary(column.type) else pa.string()
     return pa.chunked_array([c.view(text) for c in column.chunks], text)
 

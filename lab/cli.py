@@ -36,14 +36,14 @@ def _load_vq(vq: Path | None):
     return vqm.eval()
 
 
-@app.command("bench-plan")
+@app.command("bench-sharding")
 @friendly
-def bench_plan_cmd(rows: int = typer.Option(10_000_000, help="synthetic prompt rows"),
-                   files: int = typer.Option(100, help="Parquet files they are split into"),
-                   workdir: Optional[str] = typer.Option(None, help="where the synthetic Parquet goes (kept)"),
-                   json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
-    """Planning benchmark: list and shard synthetic prompt Parquet from metadata only (bars: 60 s, 2 GB)."""
-    from lab.bench.plan import run
+def bench_sharding_cmd(rows: int = typer.Option(10_000_000, help="synthetic prompt rows"),
+                       files: int = typer.Option(100, help="Parquet files they are split into"),
+                       workdir: Optional[str] = typer.Option(None, help="where the synthetic Parquet goes (kept)"),
+                       json_path: Optional[Path] = typer.Option(None, "--json", help="write the result here")):
+    """Sharding benchmark: list and shard synthetic prompt Parquet from metadata only (bars: 60 s, 2 GB)."""
+    from lab.bench.sharding import run
     res = run(rows=rows, files=files, workdir=workdir)
     typer.echo(json.dumps(res, indent=1))
     if json_path:

@@ -26,7 +26,7 @@ from .lease import Lease
 from .marker import MarkerDigest
 from .reader import manifest_problem, read_manifest
 from .summary import committed_totals
-from .verify import damaged_shards
+from .damage import damaged_shards
 
 
 def manifest_damage(out: Output) -> str | None:
@@ -90,7 +90,7 @@ def rebuild(out: Output, why: str, by: str) -> dict:
     return summary
 
 
-def verify(url: str, deep: bool = True, read_only: bool = False, repair: bool = False) -> dict:
+def check_run(url: str, deep: bool = True, read_only: bool = False, repair: bool = False) -> dict:
     """`ssdgen verify`: every committed shard checked. Unless `read_only`, under the output's lease (refused
     while a run writes there): damaged shards are set aside, so the next run re-decodes them, and the manifest
     and summary are rebuilt from the markers when they lag them (always with `repair`; output.converge).

@@ -9,7 +9,7 @@
     {out}/shards/{shard:06d}/attempt-{uuid}/audit.parquet    with --audit: one row per audited prompt (output.audit)
     {out}/shards/{shard:06d}/attempt-{uuid}/{shard:05d}.tar  with --format webdataset|both (formats/webdataset.py)
     {out}/shards/{shard:06d}/_SUCCESS.json               commit marker, written last, create-only
-    {out}/shards/{shard:06d}/_DAMAGED-{uuid}.json        a marker whose files failed the check (output.verify)
+    {out}/shards/{shard:06d}/_DAMAGED-{uuid}.json        a marker whose files failed the check (output.damage)
     {out}/manifest.parquet                               one row per committed shard (file URLs, rows, sha256)
     {out}/summary.json                                   run totals and cost
 
@@ -232,7 +232,7 @@ class Output:
     def iter_markers(self, chunk: int = 512, skip: frozenset = frozenset(), known: bytearray | None = None,
                      unlisted: list[int] | None = None) -> Iterator[Marker]:
         """The commit markers in shard order, read `chunk` at a time: memory is one chunk, not the run. Shards in
-        `skip` (found damaged, output.verify) are left out. `known`: flags of the shards the caller knows are
+        `skip` (found damaged, output.damage) are left out. `known`: flags of the shards the caller knows are
         committed (a run's own commits), whose markers are read by name where the listing does not show them (a
         store whose listing lags); those shards are added to `unlisted`."""
         return _markers(self, chunk, skip, known, unlisted)
@@ -420,7 +420,7 @@ def shard_tables(samples: dict, rows: list[dict], decoder: str, model: str, imag
     """Decoded samples (prompt_id -> workers.results.Sample) + their input rows -> (images table, stats table), a
     row per input row, paired by prompt_id. A failed sample's `image` is null (not a struct of nulls), so
     readers filter it with an ordinary null check. devices: an actor's, for each sample's device-seconds.
-    kept: the input columns the run keeps, a row per input row in order (inputs.plan.read_shard_columns)."""
+    kept: the input columns the run keeps, a row per input row in order (inputs.shards.read_shard_columns)."""
     img_rows, stat_rows = [], []
     for r in rows:
         s = samples[r["prompt_id"]]

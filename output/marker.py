@@ -54,7 +54,7 @@ class FileRecord:
     rows: int
     bytes: int
     sha256: str
-    md5: str | None = None  # what an S3 ETag is for a single-part PUT (output.verify's cheap check)
+    md5: str | None = None  # what an S3 ETag is for a single-part PUT (output.damage's cheap check)
     mtime: float | None = None  # a local file's, at the commit
 
     @property
@@ -187,7 +187,7 @@ def _kinds(d: dict) -> str | None:
 
 @dataclass(frozen=True)
 class ShardWork:
-    """What a shard's decoding cost and where it ran, as the flow measured it (flows.window.Job): the marker's
+    """What a shard's decoding cost and where it ran, as the flow measured it (flows.inflight.Job): the marker's
     accounting is computed from this in one place (`shard_fields`)."""
 
     shard: int

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from ssdgen.decoders.spec import DecodeSpec, speculative_rows
 from ssdgen.formats import written
-from ssdgen.inputs.plan import recorded_segments, shard_count
+from ssdgen.inputs.shards import recorded_segments, shard_count
 from ssdgen.workers.results import UNRECORDED
 
 from .audit import DEFAULT_TOLERANCE, summarize as audit_summary
@@ -43,7 +43,7 @@ from .cost import Price, check_price_options, price_from, run_summary
 from .layout import (IMAGES_SCHEMA, MANIFEST, STATS_SCHEMA, Output, images_schema, manifest_row,
                      manifest_schema)
 from .marker import SHA256, in_shard
-from .verify import damaged_shards
+from .damage import damaged_shards
 
 
 def committed_shards(url: str, fresh: bool = False) -> pa.Table:

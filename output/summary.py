@@ -5,7 +5,7 @@ every committed shard (output.cost.run_summary), the rows by decoder and by erro
 from the same stream, with the digest of the commits it names (output.converge). A run passes the shards it knows
 are committed (its own commits among them): where the store's listing does not show their markers yet (a listing
 that lags), they are read by name and named in `commits_not_listed`, never dropped. The fold is checked against a
-listing taken first (output.verify.FilesCheck), whose digest lets the next resume skip reading the markers.
+listing taken first (output.damage.FilesCheck), whose digest lets the next resume skip reading the markers.
 
 `this_run` is what only the run itself measured: its wall time and start-up, its images and commits, its failures
 and the settings that decided its images. A run writes both (flows.pipeline); `ssdgen verify --repair` rebuilds
@@ -21,7 +21,7 @@ from ssdgen.storage.store import StorageError
 from .cost import Price, run_summary
 from .layout import Output
 from .reader import MarkerFold, plan_summary
-from .verify import FilesCheck, listing
+from .damage import FilesCheck, listing
 
 
 def committed_totals(out: Output, price: Price, wall_s: float, audit: bool = False,

@@ -139,7 +139,7 @@ class Store:
     @retried
     def write_bytes(self, path: str, data: bytes, rows: int) -> dict:
         """One PUT of a whole file (visible all at once, or not at all); returns its record for the marker: its
-        size, SHA-256 and what the store can check cheaply later (output.verify): the MD5 an S3 ETag is, and a
+        size, SHA-256 and what the store can check cheaply later (output.damage): the MD5 an S3 ETag is, and a
         local file's mtime."""
         self._fenced()
         self._parent(path)

@@ -267,7 +267,7 @@ def test_help_lists_every_users_command_in_panels_and_no_maintainers_command():
     out = CliRunner().invoke(app, ["--help"]).output
     order = [out.index(s) for s in ("─ Run ", " generate ", "─ Decode and measure ", " sample ", " models ")]
     assert order == sorted(order) and all(f" {n} " in out for n in users)
-    assert " dev " not in out and " bench-plan " not in out and " train-reference " not in out
+    assert " dev " not in out and " bench-sharding " not in out and " train-reference " not in out
 
 
 def test_serve_takes_every_setting_generate_takes_and_checks_them_first():

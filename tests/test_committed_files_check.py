@@ -1,10 +1,10 @@
-"""Checking committed files against their markers (output/verify.py), on a local disk and on moto's S3 server."""
+"""Checking committed files against their markers (output/damage.py), on a local disk and on moto's S3 server."""
 
 import json
 
 from ssdgen.output.layout import Output
 from ssdgen.output.marker import Marker
-from ssdgen.output.verify import damaged_shards
+from ssdgen.output.damage import damaged_shards
 
 
 def _commit(out: Output, shard: int, data: bytes) -> dict:

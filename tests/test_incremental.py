@@ -1,4 +1,4 @@
-"""`--incremental` without a run (#36 item 4): the segmented shard plan (inputs/plan.py) keeps every shard where
+"""`--incremental` without a run (#36 item 4): the segmented shard plan (inputs/shards.py) keeps every shard where
 it was when the inputs grow, and the rows added are found, and changed or removed rows refused in one line
 naming them, from the recorded row digests (inputs/growth.py). The real runs are in test_incremental_runs.py."""
 
@@ -8,27 +8,27 @@ import pytest
 
 from ssdgen.inputs.files import InputError, InputFile, list_inputs, with_identities
 from ssdgen.inputs.growth import CHUNK, added_rows, digests_for, row_digests
-from ssdgen.inputs.plan import ShardPlan, recorded_segments, shard_count
+from ssdgen.inputs.shards import Shards, recorded_segments, shard_count
 
 
 def _fake(url: str, rows: int) -> InputFile:
     return InputFile(url=url, num_rows=rows, row_groups=(rows,), size=rows, has_prompt_id=False, has_seed=False)
 
 
-def _by_url(plan: ShardPlan) -> list[list[tuple[str, int, int]]]:
+def _by_url(plan: Shards) -> list[list[tuple[str, int, int]]]:
     """Every shard as (file URL, start, stop) pieces: what a shard reads, whatever the files' order."""
     return [[(plan.files[p.file].url, p.start, p.stop) for p in plan[i].pieces] for i in range(len(plan))]
 
 
 def test_a_grown_plan_keeps_every_old_shard_and_numbers_the_added_rows_after_them():
     before = [_fake("s3://b/a", 5), _fake("s3://b/b", 3)]
-    old = ShardPlan(before, 4)
+    old = Shards(before, 4)
     assert _by_url(old) == [[("s3://b/a", 0, 4)], [("s3://b/a", 4, 5), ("s3://b/b", 0, 3)]]
     # a grew by 2; a new file sorts first, so every file's index moves: the old shards must not
     after = [_fake("s3://b/0", 6), _fake("s3://b/a", 7), _fake("s3://b/b", 3)]
     segments = recorded_segments([{"url": "s3://b/a", "rows": 5}, {"url": "s3://b/b", "rows": 3}], None)
     segments.append([("s3://b/0", 0, 6), ("s3://b/a", 5, 7)])
-    plan = ShardPlan(after, 4, segments)
+    plan = Shards(after, 4, segments)
     assert _by_url(plan)[:2] == _by_url(old)
     assert _by_url(plan)[2:] == [[("s3://b/0", 0, 4)], [("s3://b/0", 4, 6), ("s3://b/a", 5, 7)]]
     assert len(plan) == shard_count(segments, 4) == 4 and plan.rows == 16
@@ -40,23 +40,23 @@ def test_a_grown_plan_keeps_every_old_shard_and_numbers_the_added_rows_after_the
 
 def test_each_segment_ends_in_its_own_short_shard():
     files = [_fake("a", 10)]
-    plan = ShardPlan(files, 4, [[("a", 0, 5)], [("a", 5, 6)], [("a", 6, 10)]])
+    plan = Shards(files, 4, [[("a", 0, 5)], [("a", 5, 6)], [("a", 6, 10)]])
     assert [plan.rows_of(i) for i in range(len(plan))] == [4, 1, 1, 4]
     assert _by_url(plan) == [[("a", 0, 4)], [("a", 4, 5)], [("a", 5, 6)], [("a", 6, 10)]]
 
 
 def test_one_recorded_segment_is_the_plan_of_every_file_whole():
     files = [_fake("a", 3), _fake("b", 0), _fake("c", 9)]
-    whole = ShardPlan(files, 4)
-    again = ShardPlan(files, 4, recorded_segments([{"url": f.url, "rows": f.num_rows} for f in files], None))
+    whole = Shards(files, 4)
+    again = Shards(files, 4, recorded_segments([{"url": f.url, "rows": f.num_rows} for f in files], None))
     assert _by_url(whole) == _by_url(again) and len(whole) == 3
 
 
 def test_a_recorded_plan_that_does_not_fit_the_inputs_is_one_line():
     with pytest.raises(ValueError, match="names gone"):
-        ShardPlan([_fake("a", 3)], 4, [[("gone", 0, 3)]])
+        Shards([_fake("a", 3)], 4, [[("gone", 0, 3)]])
     with pytest.raises(ValueError, match=r"rows \[0, 9\) of a"):
-        ShardPlan([_fake("a", 3)], 4, [[("a", 0, 9)]])
+        Shards([_fake("a", 3)], 4, [[("a", 0, 9)]])
 
 
 def _write(path, prompts: list[str], seeds: list[int] | None = None):

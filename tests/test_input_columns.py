@@ -74,13 +74,13 @@ def test_a_shards_pieces_without_a_column_read_it_as_nulls():
 
 def test_read_shard_columns_across_two_files(tmp_path):
     from ssdgen.inputs.files import list_inputs, with_identities
-    from ssdgen.inputs.plan import ShardPlan, read_shard_columns
+    from ssdgen.inputs.shards import Shards, read_shard_columns
     _write(tmp_path / "a.parquet", _rows(3))
     _write(tmp_path / "b.parquet", [{k: v for k, v in r.items() if k != "license"} for r in _rows(2)],
            pa.schema([f for f in EXTRA if f.name != "license"]))
     files = with_identities(list_inputs([str(tmp_path)]))
     kept = kept_schema(files, ("*",), (), frozenset())
-    rows, table = read_shard_columns(files, ShardPlan(files, 4)[0], 0, kept=kept)
+    rows, table = read_shard_columns(files, Shards(files, 4)[0], 0, kept=kept)
     assert [r.prompt_id for r in rows] == [r["prompt_id"] for r in _rows(3)] + [_rows(2)[0]["prompt_id"]]
     assert table.schema == kept and table.column("license").to_pylist() == ["cc-by-0", "cc-by-1", "cc-by-2", None]
     assert table.column("taken").to_pylist()[3] == datetime.date(2026, 1, 1)

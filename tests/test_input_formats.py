@@ -13,7 +13,7 @@ from pipeline_helpers import committed_tables, eval_rows, run_flow
 from test_operations import one_error, ssdgen
 
 from ssdgen.inputs.files import InputError, list_inputs, with_identities
-from ssdgen.inputs.plan import ShardPlan, read_shard_columns
+from ssdgen.inputs.shards import Shards, read_shard_columns
 from ssdgen.inputs.text import ReadAs
 
 
@@ -42,7 +42,7 @@ def _write(path, rows: list[dict]) -> None:
 
 def _read(paths, read_as: ReadAs | None = None) -> tuple[list, list]:
     files = with_identities(list_inputs([str(p) for p in paths], read_as=read_as or ReadAs()))
-    plan = ShardPlan(files, 4)
+    plan = Shards(files, 4)
     kept = pa.schema([f for f in files[0].extra])
     rows, cols = [], []
     for i in range(len(plan)):
@@ -119,7 +119,7 @@ def test_text_inputs_on_s3_are_listed_by_suffix_and_read_at_their_pin(s3, tmp_pa
     assert [f.format for f in files] == ["jsonl"] and files[0].identity.startswith("etag:")
     s3.pipe("ssdgen-test/in/p.jsonl", b'{"prompt": "another"}\n')
     with pytest.raises(InputError, match=r"p\.jsonl.*changed"):
-        read_shard_columns(files, ShardPlan(files, 4)[0], 0)
+        read_shard_columns(files, Shards(files, 4)[0], 0)
 
 
 def test_a_text_input_edited_after_it_was_listed_is_refused(tmp_path):
@@ -127,7 +127,7 @@ def test_a_text_input_edited_after_it_was_listed_is_refused(tmp_path):
     files = with_identities(list_inputs([str(tmp_path / "p.csv")]))
     _write(tmp_path / "p.csv", _rows(5))
     with pytest.raises(InputError, match=r"p\.csv.*changed"):
-        read_shard_columns(files, ShardPlan(files, 4)[0], 0)
+        read_shard_columns(files, Shards(files, 4)[0], 0)
 
 
 @pytest.mark.usefixtures("prefect_server", "local_ray")

@@ -1,4 +1,4 @@
-"""Input listing/validation (inputs.files) and shard planning/reading (inputs.plan), on local files."""
+"""Input listing/validation (inputs.files) and shard planning/reading (inputs.shards), on local files."""
 
 import hashlib
 import json
@@ -12,12 +12,12 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from ssdgen.inputs.files import (InputError, InputFile, check_unique_prompt_ids, derive_prompt_id, derive_seed,
                           list_inputs)
-from ssdgen.inputs.plan import Piece, Shard, ShardPlan, read_shard
+from ssdgen.inputs.shards import Piece, Shard, Shards, read_shard
 
 
 def plan_shards(files, shard_size):
-    """Every shard of a ShardPlan, in order (what the flow takes one by one)."""
-    plan = ShardPlan(files, shard_size)
+    """Every shard of a Shards, in order (what the flow takes one by one)."""
+    plan = Shards(files, shard_size)
     return [plan[i] for i in range(len(plan))]
 
 

@@ -9,14 +9,14 @@ import pytest
 from test_operations import one_error, ssdgen
 
 from ssdgen.inputs.files import InputError, list_inputs, with_identities
-from ssdgen.inputs.plan import ShardPlan, read_shard_columns
+from ssdgen.inputs.shards import Shards, read_shard_columns
 from ssdgen.inputs.text import BOM, ReadAs
 
 
 def _read(paths, read_as: ReadAs | None = None, keep_all: bool = True) -> tuple[list, list]:
     """(rows as (prompt_id, prompt, seed, error), kept columns as dicts) of every shard of the files."""
     files = with_identities(list_inputs([str(p) for p in paths], read_as=read_as or ReadAs()))
-    plan = ShardPlan(files, 4)
+    plan = Shards(files, 4)
     kept = pa.schema(list(files[0].extra) if keep_all else [])
     rows, cols = [], []
     for i in range(len(plan)):
@@ -45,7 +45,7 @@ def test_a_wide_file_reads_its_schema_once_per_cursor_not_once_per_column(tmp_pa
     reads = []
     schema_arrow = pq.ParquetFile.schema_arrow
     monkeypatch.setattr(pq.ParquetFile, "schema_arrow", property(lambda pf: reads.append(1) or schema_arrow.fget(pf)))
-    rows, table = read_shard_columns(files, ShardPlan(files, 8)[0], 0, kept=kept)
+    rows, table = read_shard_columns(files, Shards(files, 8)[0], 0, kept=kept)
     assert [r.prompt for r in rows] == [f"p{i}" for i in range(8)]
     assert table.num_columns == width and table.column("c1999").to_pylist() == list(range(8))
     assert len(reads) <= 1, f"the schema was read {len(reads)} times for one shard of one file"
@@ -70,7 +70,7 @@ def test_a_json_array_after_a_byte_order_mark_is_read_as_an_array(tmp_path):
 
 @pytest.mark.parametrize("suffix, sep", [(".csv", b","), (".tsv", b"\t")])
 def test_an_invalid_utf8_csv_row_is_an_error_row_and_the_others_are_read(tmp_path, suffix, sep):
-    """As a Parquet file's (inputs.plan): the row is an error row (workers/results.py BAD_INPUT) under its own id."""
+    """As a Parquet file's (inputs.shards): the row is an error row (workers/results.py BAD_INPUT) under its own id."""
     lines = [b"prompt,prompt_id,seed,note", b"a red fox,007,1,x", b"the s\xffa,k1,2,y", b"night,k\xfe2,3,z",
              b"a cat,k3,4,\xff"]
     (tmp_path / f"p{suffix}").write_bytes(b"\n".join(line.replace(b",", sep) for line in lines) + b"\n")

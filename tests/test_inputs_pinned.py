@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ssdgen.inputs.files import InputError, list_inputs, with_identities
-from ssdgen.inputs.plan import ShardPlan, read_shard
+from ssdgen.inputs.shards import Shards, read_shard
 
 ODD = "br[1] a#b%20c é"  # brackets (a glob's character class), a space, '#', '%' and unicode
 TWIN = "br1 a#b%20c é"   # what `br[1]` matches as a glob
@@ -37,7 +37,7 @@ def texts(tag: str, n: int = 40) -> list[str]:
 def test_a_local_file_rewritten_in_place_fails_the_next_read_with_one_line_naming_it(tmp_path):
     p = write(tmp_path / "p.parquet", {"prompt": texts("old")}, row_group_size=10)
     files = pinned(p)
-    plan = ShardPlan(files, 10)
+    plan = Shards(files, 10)
     shards = [plan[i] for i in range(len(plan))]
     assert [r.prompt for r in read_shard(files, shards[0], 0)] == texts("old")[:10]
     st = os.stat(p)
@@ -59,11 +59,11 @@ def test_a_file_changed_under_an_open_cursor_gives_no_row_of_the_new_text(tmp_pa
     p = write(tmp_path / "p.parquet", {"prompt": texts("old")})  # one row group of 40
     files = pinned(p)
     reader = RowReader()
-    first = read_shard(files, ShardPlan(files, 10)[0], 0, reader=reader)
+    first = read_shard(files, Shards(files, 10)[0], 0, reader=reader)
     assert [r.prompt for r in first] == texts("old")[:10]
     write(p, {"prompt": texts("new")})
     with pytest.raises(InputError, match="the file changed since the run started"):
-        read_shard(files, ShardPlan(files, 10)[1], 0, reader=reader)
+        read_shard(files, Shards(files, 10)[1], 0, reader=reader)
     reader.close()
 
 
@@ -74,7 +74,7 @@ def test_shards_read_out_of_order_by_threads_decode_a_row_group_about_once(tmp_p
     p = write(tmp_path / "p.parquet", {"prompt": texts("a", 600), "prompt_id": [f"id{i}" for i in range(600)]},
               row_group_size=300)
     files = pinned(p)
-    plan = ShardPlan(files, 7)  # shards span batches and the row-group boundary
+    plan = Shards(files, 7)  # shards span batches and the row-group boundary
     shards = [plan[i] for i in range(len(plan))]
     opened = []
     orig = pq.ParquetFile.iter_batches
@@ -127,7 +127,7 @@ def _commit(out, shard: int) -> None:
 def test_an_output_with_glob_characters_lists_reads_and_deletes_only_its_own_files(tmp_path):
     from ssdgen.output.folder import clear
     from ssdgen.output.layout import Output
-    from ssdgen.output.verify import damaged_shards
+    from ssdgen.output.damage import damaged_shards
     out, twin = Output(str(tmp_path / ODD)), Output(str(tmp_path / TWIN))
     for s in (0, 2):
         _commit(out, s)

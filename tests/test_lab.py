@@ -17,7 +17,7 @@ from lab.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 # what `ssdgen dev` held before #47: the same names, so the documented commands run as `python -m lab NAME`
-COMMANDS = {"train-reference", "train-scorer", "eval-scorer", "tokenizer-report", "figures", "bench-plan",
+COMMANDS = {"train-reference", "train-scorer", "eval-scorer", "tokenizer-report", "figures", "bench-sharding",
             "bench-pipeline", "bench-scaling", "bench-scale", "shard-overhead", "formats", "shape-replay",
             "projection-check", "host-time", "roofline", "screenshot", "eval-set"}
 OUTPUTS = {"out", "plot", "html", "json_path", "work", "workdir", "to"}
@@ -44,7 +44,7 @@ def test_every_lab_command_has_help_on_every_option_and_dash_h(name):
 @pytest.mark.parametrize("args, message", [
     (["nosuch"], "No such command 'nosuch'"),
     (["host-time", "--batches", "x"], "--batches must be comma-separated integers, got 'x'"),
-    (["bench-plan", "--rows", "-1"], "--rows and --files must be >= 1"),
+    (["bench-sharding", "--rows", "-1"], "--rows and --files must be >= 1"),
     (["roofline", "--windows", "0"], "--windows must be comma-separated integers >= 1, got '0'"),
     (["roofline", "--profile", "64"], "--profile must be BATCHxWINDOW, e.g. 64x1, got '64'"),
     (["roofline", "--json", "/nonexistent/dir/r.json"], "--json /nonexistent/dir/r.json: no folder"),

@@ -182,7 +182,7 @@ def _check_the_loss(markers: dict, batches: list, victim_id: str, replacement_id
     after = [m for m in markers.values() if _at(m.finished_at) > removed_at]
     assert after, "every shard committed before the node was removed; nothing was tested"
     # Besides every prompt exactly once (the caller checks it): a marker's node_id is the node of the actor
-    # whose result the driver handled last for that shard (flows/window.py `Job.take`, called from the
+    # whose result the driver handled last for that shard (flows/inflight.py `Job.take`, called from the
     # dispatcher's `_on_batch`), and once the driver has seen the death, the shard's missing
     # batches go to the restarted actor (gen >= 1), whose results name its new node. So no batch resubmitted
     # after the death was observed is decoded by the victim, and a marker naming the victim is a shard all of

@@ -141,7 +141,7 @@ def test_a_job_smaller_than_a_shard_plans_no_batch_larger_than_its_rows(monkeypa
     from ssdgen.decoders.protocol import Capabilities
     from ssdgen.flows import pipeline
     from ssdgen.flows.settings import RunSettings
-    from ssdgen.inputs.plan import ShardPlan
+    from ssdgen.inputs.shards import Shards
     from ssdgen.workers import decode_worker as dw
 
     silent = SimpleNamespace(capabilities=Capabilities())  # memory bounds nothing: only the cap `most` does
@@ -164,7 +164,7 @@ def test_a_job_smaller_than_a_shard_plans_no_batch_larger_than_its_rows(monkeypa
     monkeypatch.setattr(pipeline, "asdict", vars)
     cfg = RunSettings(prompts=["jobs.parquet"])
     files = [SimpleNamespace(num_rows=8)]
-    plan = ShardPlan(files, cfg.shard_size)
+    plan = Shards(files, cfg.shard_size)
     assert (cfg.shard_size, plan.rows, cfg.decoder.calibrated) == (256, 8, True)
     _, batch, _ = pipeline._decode_plan(cfg, files, plan, out, SimpleNamespace(info=lambda line: None), None)
     assert asked["most"] == 8 and batch == 8

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ssdgen.inputs.files import InputFile, list_inputs
-from ssdgen.inputs.plan import Piece, Shard, ShardPlan, read_shard
+from ssdgen.inputs.shards import Piece, Shard, Shards, read_shard
 from ssdgen.inputs.row_reader import RowReader
 from ssdgen.output.marker import Marker
 
@@ -49,9 +49,9 @@ def test_lazy_plan_gives_the_same_shards_as_the_list():
     for _ in range(200):
         files = [_fake(rng.choice([0, 0, 1, 3, 7, 10, 25])) for _ in range(rng.randint(0, 6))]
         size = rng.randint(1, 12)
-        plan = ShardPlan(files, size)
+        plan = Shards(files, size)
         assert [plan[i] for i in range(len(plan))] == plan_shards(files, size), (files, size)
-    big = ShardPlan([_fake(10_000_000 // 100)] * 100, 1000)  # 10M rows: nothing per shard is built up front
+    big = Shards([_fake(10_000_000 // 100)] * 100, 1000)  # 10M rows: nothing per shard is built up front
     assert len(big) == 10_000 and big[9_999].pieces[-1].stop == 100_000
     with pytest.raises(IndexError):
         big[10_000]

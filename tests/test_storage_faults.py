@@ -20,7 +20,7 @@ from pipeline_helpers import eval_rows, write_parquet
 from ssdgen.output.layout import Output
 from ssdgen.output.lease import LEASE_DIR, Lease, LeaseHeld
 from ssdgen.output.marker import Marker
-from ssdgen.output.verify import damaged_shards
+from ssdgen.output.damage import damaged_shards
 
 
 def _commit(out: Output, shard: int, data: bytes = b"stats", attempt: str | None = None) -> Marker:
@@ -181,7 +181,7 @@ def test_a_manifest_row_naming_a_file_outside_the_run_is_never_read_through(tmp_
     """A manifest row whose images_url names a file outside the run, with a null SHA-256: export copied that
     file (rc 0) and verify noticed nothing. Now export refuses in one line naming the row, verify says the
     manifest is damaged and rebuilds it from the markers, and export then works."""
-    from ssdgen.output.converge import verify
+    from ssdgen.output.converge import check_run
     from ssdgen.output.export import export
     run = _exported_run(tmp_path)
     (tmp_path / "secret.parquet").write_bytes((run / "manifest.parquet").read_bytes())  # any file outside
@@ -195,9 +195,9 @@ def test_a_manifest_row_naming_a_file_outside_the_run_is_never_read_through(tmp_
     assert "manifest.parquet: damaged: shard 0's images_url" in line and "secret.parquet" in line, line
     assert "not in its shard's attempt folders" in line and "\n" not in line
     assert not (tmp_path / "export").exists() or not list((tmp_path / "export").rglob("*.parquet"))
-    report = verify(str(run), read_only=True)
+    report = check_run(str(run), read_only=True)
     assert report["stale"] and "manifest.parquet is damaged" in report["stale"], report
-    assert verify(str(run))["rebuilt"] is not None
+    assert check_run(str(run))["rebuilt"] is not None
     assert export(str(run), str(tmp_path / "export"), "parquet")["shards"] == 1
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 # error_reason codes of the rows the pipeline itself fails; a refused prompt's come from the model
 # (decoders/protocol.py: empty, no_known_words, unknown_words, too_long, grammar, invalid_prompt)
-BAD_INPUT = "bad_input"  # the input row itself: a null prompt, invalid UTF-8 (inputs.plan)
+BAD_INPUT = "bad_input"  # the input row itself: a null prompt, invalid UTF-8 (inputs.shards)
 DECODE_FAILED = "decode_failed"  # the decoder raised on this sample
 UNRECORDED = "unrecorded"  # a row that failed with no reason recorded: a run from before reasons existed
 

@@ -60,7 +60,7 @@ def run(shards: int = 40, shard_size: int = 256, workdir: str | None = None, log
     from ssdgen.inputs.files import list_inputs
     from ssdgen.output.layout import Output, shard_tables
     from ssdgen.output.marker import Marker
-    from ssdgen.inputs.plan import ShardPlan, read_shard
+    from ssdgen.inputs.shards import Shards, read_shard
     from ssdgen.flows.settings import RunSettings
     from ssdgen.formats import write_shard
     from ssdgen.workers.decode_worker import DecodeWorker
@@ -74,7 +74,7 @@ def run(shards: int = 40, shard_size: int = 256, workdir: str | None = None, log
     cfg = RunSettings(prompts=[str(work / "prompts.parquet")], out=str(work / "out"), decoder="ar",
                       model=f"reference:{work / 'model'}", shard_size=shard_size, batch_size=shard_size, actors=1)
     files = list_inputs(list(cfg.prompts))
-    plan, worker, out = ShardPlan(files, shard_size), DecodeWorker(cfg.worker(), threads=1), Output(cfg.out)
+    plan, worker, out = Shards(files, shard_size), DecodeWorker(cfg.worker(), threads=1), Output(cfg.out)
     spec = str(cfg.decoder)
     t: dict[str, list[float]] = {k: [] for k in ("read", "args_pickle", "args_unpickle", "decode_busy", "decode_call",
                                                  "result_pickle", "result_unpickle", "tables", "write", "commit")}

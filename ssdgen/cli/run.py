@@ -206,8 +206,8 @@ def verify_cmd(url: str = typer.Argument(..., help="a run's output URL"),
     when they do not name exactly the committed shards (after a run whose last writes failed)."""
     if read_only and repair:
         raise ValueError("--repair writes, --read-only does not: give one of them")
-    from ssdgen.output.converge import verify
-    r = verify(url, deep=not quick, read_only=read_only, repair=repair)
+    from ssdgen.output.converge import check_run
+    r = check_run(url, deep=not quick, read_only=read_only, repair=repair)
     for d in r["damaged"]:
         typer.echo(f"damaged: {d}" + ("" if read_only else " (set aside)"))
     if r["rebuilt"] is not None:

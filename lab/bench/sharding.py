@@ -1,8 +1,8 @@
-"""Planning benchmark (not a test): list and plan millions of prompt rows from footer metadata only.
+"""Sharding benchmark (not a test): list and shard millions of prompt rows from footer metadata only.
 
-`run()` writes synthetic Parquet prompt files once (reused on later runs), then times what the flow plans with
-(flows/pipeline.py): `list_inputs`, a `ShardPlan(shard_size=1000)` and every shard of it taken as the flow takes
-them (`plan[i]`), in a fresh Python process, so the figures are not skewed by the data generation in this one.
+`run()` writes synthetic Parquet prompt files once (reused on later runs), then times what the flow shards with
+(flows/pipeline.py): `list_inputs`, a `Shards(shard_size=1000)` and every shard of it taken as the flow takes
+them (`shards[i]`), in a fresh Python process, so the figures are not skewed by the data generation in this one.
 Bars: plan_seconds <= 60 and peak_rss_mb <= 2048.
 """
 
@@ -42,11 +42,11 @@ def peak_rss_mb():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 t0 = time.perf_counter()
 from ssdgen.inputs.files import list_inputs
-from ssdgen.inputs.plan import ShardPlan
+from ssdgen.inputs.shards import Shards
 t1 = time.perf_counter()
 files = list_inputs([sys.argv[1]])
 t2 = time.perf_counter()
-plan = ShardPlan(files, int(sys.argv[2]))
+plan = Shards(files, int(sys.argv[2]))
 planned = sum(plan[i].rows for i in range(len(plan)))  # each shard as the flow takes it, none kept
 t3 = time.perf_counter()
 print(json.dumps({"files": len(files), "rows": sum(f.num_rows for f in files), "shards": len(plan),
@@ -84,7 +84,7 @@ def run(rows: int = 10_000_000, files: int = 100, workdir: str | os.PathLike | N
     """Write (once) and plan `rows` rows in `files` files; returns the measured figures."""
     if rows < 1 or files < 1:
         raise ValueError(f"--rows and --files must be >= 1, got {rows} and {files}")
-    path = Path(workdir) if workdir else Path(tempfile.gettempdir()) / f"ssdgen-bench-plan-{rows}-{files}"
+    path = Path(workdir) if workdir else Path(tempfile.gettempdir()) / f"ssdgen-bench-sharding-{rows}-{files}"
     t0 = time.perf_counter()
     write_data(path, rows, files)
     write_seconds = time.perf_counter() - t0

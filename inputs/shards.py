@@ -1,7 +1,7 @@
-"""Shard planning and shard reading.
+"""A run's shards, and reading one.
 
-`ShardPlan` cuts the global row sequence (files in order, rows in order) into consecutive shards of exactly
-`shard_size` rows (the last may be shorter), img2dataset-style, on demand (`plan[i]`), from the files'
+`Shards` cuts the global row sequence (files in order, rows in order) into consecutive shards of exactly
+`shard_size` rows (the last may be shorter), img2dataset-style, on demand (`shards[i]`), from the files'
 cumulative row counts: footer metadata only, pure arithmetic, O(files) memory, so the same inputs always give
 the same shards (a shard id is a stable unit of work and output across retries and resumes) and a run over
 millions of prompts never holds a list of its shards. Rows added to the inputs later (--incremental) form a
@@ -57,8 +57,8 @@ class Shard:
 Range = tuple[str, int, int]  # (file URL, first row, stop row): a segment's part, as _config.json records it
 
 
-class ShardPlan:
-    """Shard i of the files for any i, computed when asked. The plan is a list of segments, each a sequence of row
+class Shards:
+    """Shard i of the files for any i, computed when asked. The layout is a list of segments, each a sequence of row
     ranges of files: the first run's is every file whole, in URL order; an --incremental run over grown inputs
     appends one over only the rows added since (inputs.growth), so a committed shard never moves. Within a
     segment, shards are consecutive runs of `shard_size` rows (its last may be shorter; a shard may span files);

@@ -1,4 +1,4 @@
-"""The window's bound and the shards alive in it. At most `capacity` shards are alive at once: `submit` waits
+"""The shards in flight: their bound and the shards alive. At most `capacity` shards are alive at once: `submit` waits
 for a slot (a semaphore), and a shard gives its slot back when it is done, committed or failed, leaving nothing
 behind but its marker in storage and one byte in `done`; so the driver's memory stays flat however long the
 run. An abort (Ctrl-C, SIGTERM, a bug in the dispatch thread) ends every shard alive with one error, as a
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import threading
 
-from ssdgen.inputs.plan import Shard
+from ssdgen.inputs.shards import Shard
 from .events import Admit, Stop
 from .ticket import Ticket
 
 
 class Job:
-    """One shard in the window; the dispatch thread owns it. Dropped (and its rows and images with it) when
+    """One shard in flight; the dispatch thread owns it. Dropped (and its rows and images with it) when
     the shard is done."""
 
     def __init__(self, shard: Shard, ticket: Ticket):
@@ -52,7 +52,7 @@ class Job:
         return [i for i, r in enumerate(self.results) if r is None]
 
 
-class Window:
+class Inflight:
     """The slots, the shards alive and the abort. `enter` and `close` run on other threads (group tasks, the
     flow); everything else on the dispatch thread. `post` queues an event for the dispatch thread."""
 
@@ -65,7 +65,7 @@ class Window:
         self.close_lock = threading.Lock()  # an admit is queued before the stop, or refused: never lost after it
 
     def enter(self, shard: Shard, ticket: Ticket) -> None:
-        """Queue the shard's admission once a slot is free. Raises if the run aborted or the window closed."""
+        """Queue the shard's admission once a slot is free. Raises if the run aborted or the dispatcher closed."""
         while not self.slots.acquire(timeout=0.5):
             if self.aborted is not None:
                 raise self.aborted

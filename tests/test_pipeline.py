@@ -117,7 +117,7 @@ def test_bad_rows_become_error_rows_and_the_shard_commits(tmp_path):
 def test_prompts_the_model_cannot_draw_are_error_rows_counted_by_reason(tmp_path):
     """Issue #33: the reference model drew these from an empty or partial caption and committed them as ok."""
     from ssdgen.bench.report import write_report
-    from ssdgen.output.layout import SUMMARY, Output
+    from ssdgen.output.layout import Output
     from ssdgen.output.reader import run_status
     odd = {"japanese": ("大きな赤い円が中央にある", "no_known_words"), "emoji": ("🔴🟦🌈", "no_known_words"),
            "digits": ("12345", "no_known_words"), "punctuation": ("!!! ... ???", "no_known_words"),
@@ -134,7 +134,7 @@ def test_prompts_the_model_cannot_draw_are_error_rows_counted_by_reason(tmp_path
         assert st[k]["error"].startswith("invalid prompt: ")
     assert all((st[r["prompt_id"]]["status"], st[r["prompt_id"]]["error_reason"]) == ("ok", None) for r in good)
     by_reason = {"no_known_words": 4, "empty": 1, "grammar": 1}
-    assert s["errors_by_reason"] == by_reason and Output(out).read_json(SUMMARY)["errors_by_reason"] == by_reason
+    assert s["errors_by_reason"] == by_reason and Output(out).read_summary()["errors_by_reason"] == by_reason
     assert run_status(out)["errors_by_reason"] == by_reason
     html = tmp_path / "report.html"
     write_report(out, html)

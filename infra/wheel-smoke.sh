@@ -46,7 +46,7 @@ tops = {n.split("/")[0] for n in names}
 bad = sorted(t for t in tops if t != "ssdgen" and not re.fullmatch(r"ssdgen-[^/]+\.dist-info", t))
 lab = {"train", "train_gpt", "train_data", "train_scorer", "validate_scorer", "tokenizer_report", "commit_maps",
        "figures", "roofline", "host_time", "shape_replay", "projection_check", "shard_overhead", "scaling",
-       "scale", "plan", "pipeline", "formats", "screenshot"}  # the lab's modules (lab/reference, lab/bench)
+       "scale", "sharding", "pipeline", "formats", "screenshot"}  # the lab's modules (lab/reference, lab/bench)
 bad += [n for n in names if re.fullmatch(r"ssdgen/(reference|bench)/(\w+)\.py", n)
         and re.fullmatch(r"ssdgen/(reference|bench)/(\w+)\.py", n).group(2) in lab]
 bad += [n for n in names if "results/" in n or n.startswith(("docs/", "lab/")) or n.endswith((".sh", "_attempt.c"))]

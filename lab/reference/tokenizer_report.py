@@ -60,7 +60,8 @@ def scorer_floor(images: np.ndarray, recon: np.ndarray, rows: list[dict], size: 
     net, prompts = load_scorer(), [r["prompt"] for r in rows]
     real = predict(net, real_images(prompts, [r["seed"] for r in rows], size))["features"]
     keys = ("scene_accuracy", "object_accuracy", "images_with_extra_objects")
-    return {"scorer_on_renders": {k: score(net, images, prompts)[k] for k in keys},
-            "scorer_on_reconstructions": {k: score(net, recon, prompts)[k] for k in keys},
+    on_renders, on_recon = score(net, images, prompts), score(net, recon, prompts)  # each scored once
+    return {"scorer_on_renders": {k: on_renders[k] for k in keys},
+            "scorer_on_reconstructions": {k: on_recon[k] for k in keys},
             "fd_real_heldout": frechet_distance(predict(net, images)["features"], real),
             "fd_tokenizer_floor": frechet_distance(predict(net, recon)["features"], real)}

@@ -270,6 +270,18 @@ def test_help_lists_every_users_command_in_panels_and_no_maintainers_command():
     assert " dev " not in out and " bench-sharding " not in out and " train-reference " not in out
 
 
+def test_help_says_every_input_format_the_run_reads():
+    """`ssdgen --help` once said "Parquet prompts" (#49): the app's help and generate's line name every format
+    inputs/text.py reads, and no command calls its prompts Parquet-only."""
+    from ssdgen.inputs.text import FORMATS
+    names = {"parquet": "Parquet", "csv": "CSV", "tsv": "TSV", "json": "JSON", "jsonl": "JSON Lines", "txt": "text"}
+    assert set(names) == set(FORMATS)  # a new input format gets a name here, and in the help
+    out = " ".join(CliRunner().invoke(app, ["--help"]).output.replace("│", " ").split())
+    top, generate = out.split(" Options ")[0], out.split(" generate ")[1].split(" serve ")[0]
+    assert all(n in top and n in generate for n in names.values()), out
+    assert "Parquet prompts" not in out
+
+
 def test_serve_takes_every_setting_generate_takes_and_checks_them_first():
     root = typer.main.get_command(app)
     names = {c: {p.name for p in root.commands[c].params} for c in ("generate", "serve")}

@@ -57,7 +57,9 @@ def _one_line():
 
 app = typer.Typer(cls=OneLineErrors, add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings=HELP_OPTIONS,
-                  help="ssdgen: batch image generation with speculative decoders for AR image transformers.")
+                  help="ssdgen: batch image generation with speculative decoders for AR image transformers. "
+                       "Prompts in from Parquet, CSV, TSV, JSON, JSON Lines or text files at any fsspec URL; images "
+                       "and per-sample statistics out as Parquet or WebDataset shards.")
 
 
 def command_name(info) -> str:

@@ -26,7 +26,8 @@ def generate(settings: RunSettings,
              dry_run: bool = typer.Option(False, "--dry-run", help="check everything and say what the run would do "
                                                                    "(inputs, shards, pending, plan, time and cost); "
                                                                    "start nothing, write nothing")):
-    """Generate images for Parquet prompts with a Prefect flow on Ray actors; resumable (run it again)."""
+    """Generate images for prompts (Parquet, CSV, TSV, JSON, JSON Lines or text files, at any fsspec URL) with a
+    Prefect flow on Ray actors; resumable (run it again)."""
     if dry_run:
         return _print_dry_run(settings)
     _run(settings, overwrite, progress)

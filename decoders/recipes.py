@@ -30,6 +30,7 @@ The planner's rule for the prompts a calibrated spec is planned on is here too (
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from collections.abc import Callable, Iterable, Sequence
@@ -381,7 +382,8 @@ class Recipe:
             raise ValueError(f"{', '.join(unknown)} belong(s) to the window loop (commit=prefix, the default), not "
                              "the block decoder (commit=block), which drafts whole rows")
         if unknown:
-            raise ValueError(f"decoder {family!r} has no parameter(s) {unknown}; it takes {sorted(allowed) or 'none'}")
+            raise ValueError(f"decoder {family!r} has no parameter(s) {unknown}{did_you_mean(unknown[0], allowed)}; "
+                             f"it takes {sorted(allowed) or 'none'}")
         if self.config is None:
             return None
         values = dict(self.defaults) | params
@@ -421,10 +423,26 @@ BLOCK_RECIPES = {
 DECODER_NAMES = tuple(RECIPES)
 
 
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """" (did you mean 'x'?)" naming the known names closest to a mistyped one (`sdd+csd`, `lamb`), or "" when
+    none is close: a typo is then fixed from the error line, without reading the whole list."""
+    word = word.strip().lower()
+    score = {k: difflib.SequenceMatcher(None, word, k).ratio() for k in sorted(known)}
+    best = max(score.values(), default=0.0)
+    close = [k for k, r in score.items() if r >= 0.6 and r == best]  # the closest, and only those tied with it
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def unknown_decoder(family: str) -> ValueError:
+    """The error for a family that is not one: the closest names first, then every name."""
+    return ValueError(f"unknown decoder {family!r}{did_you_mean(family, DECODER_NAMES)}; choose one of: "
+                      f"{', '.join(DECODER_NAMES)}")
+
+
 def recipe(family: str, params: dict | None = None) -> Recipe:
     """The recipe a family's spec decodes by: its entry, or the block decoder's where it says commit=block."""
     if family not in RECIPES:
-        raise ValueError(f"unknown decoder {family!r}; choose one of: {', '.join(DECODER_NAMES)}")
+        raise unknown_decoder(family)
     if (params or {}).get("commit") == "block" and family in BLOCK_RECIPES:
         return BLOCK_RECIPES[family]
     return RECIPES[family]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .recipes import DECODER_NAMES, Recipe, SamplingConfig, decoder_config, recipe
+from .recipes import DECODER_NAMES, Recipe, SamplingConfig, decoder_config, recipe, unknown_decoder
 
 SAMPLING_KEYS = {"cfg": "cfg_scale", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p"}
 
@@ -133,7 +133,7 @@ def _check(family: str, params: dict, heads: str | None) -> None:
     """The family, its parameters (names, types and ranges: `decoder_config`) and the heads; ValueError naming
     the key, the expected type and the value."""
     if family not in DECODER_NAMES:
-        raise ValueError(f"unknown decoder {family!r}; choose one of: {', '.join(DECODER_NAMES)}")
+        raise unknown_decoder(family)
     if heads is not None and recipe(family).weights != "heads":
         raise ValueError(f"decoder {family!r} takes no heads (only ssd and ssd+csd do)")
     decoder_config(family, params)

@@ -84,6 +84,8 @@ NOT_JSON, NO_ROWS = "not json", "{}"
     (["generate", "--prompts", "x.parquet", "--ray-address", "notaurl"], "--ray-address 'notaurl': not a Ray"),
     (["sample", "--prompt", GOOD, "--device", "cuda:99"], "--device cuda:99: this machine has"),
     (["sample", "--prompt", GOOD, "--out", "/nonexistent/dir/g.png"], "--out /nonexistent/dir/g.png: no folder"),
+    (["sample", "--prompt", GOOD, "--decoder", "sdd+csd"], "unknown decoder 'sdd+csd' (did you mean 'ssd+csd'?)"),
+    (["generate", "--prompts", "x.parquet", "--decoder", "sjdd:window=8"], "unknown decoder 'sjdd' (did you mean"),
     (["eval", "--n", "1", "--json", "/nonexistent/dir/x.json"], "--json /nonexistent/dir/x.json: no folder"),
     (["bench", "--tolerance", "-1"], "--tolerance must be > 0"),
     (["bench", "--n", "1", "--html", "/nonexistent/dir/b.html"], "--html /nonexistent/dir/b.html: no folder"),

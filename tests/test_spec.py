@@ -50,6 +50,24 @@ def test_bad_specs_name_the_problem(text, message):
         DecodeSpec.parse(text)
 
 
+@pytest.mark.parametrize("text, closest", [
+    ("sdd+csd", "'ssd+csd'"), ("SSD+CSD", "'ssd+csd'"), ("sjdd", "'sjd'"), ("cds", "'csd'"),
+    ("csd:lamb=1", "'lam'"), ("ssd:rowz=2", "'rows'"),
+])
+def test_a_typo_is_answered_with_the_closest_name(text, closest):
+    """#49: a mistyped family or parameter names the closest known one(s) on the same line, then every name."""
+    with pytest.raises(ValueError) as e:
+        DecodeSpec.parse(text)
+    assert f"(did you mean {closest}?)" in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert "choose one of: ar, sjd, csd, ssd, ssd+csd" in str(e.value) or "it takes [" in str(e.value)
+
+
+def test_a_name_close_to_none_gets_no_suggestion():
+    with pytest.raises(ValueError, match="unknown decoder 'nope'; choose one of") as e:
+        DecodeSpec.parse("nope")
+    assert "did you mean" not in str(e.value)
+
+
 def _field_kinds(family: str) -> dict[str, str]:
     """Each parameter of a family -> its config field's declared type name."""
     from ssdgen.decoders.recipes import Relaxation, WindowConfig

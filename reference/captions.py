@@ -43,6 +43,11 @@ def words(caption: str) -> list[str]:
     return _SPLIT.findall(caption.lower())
 
 
+# the vocabulary as an error lists it: its words, sorted, comma-separated; not the comma token, which listed as ","
+# read as a stray separator at the head of the list
+KNOWN = ", ".join(w for w in VOCAB[2:] if w.isalnum())
+
+
 def _named(unknown: list[str], most: int = 10) -> str:
     """The first unknown words, so a long foreign-language prompt gives a short message."""
     more = f" and {len(unknown) - most} more" if len(unknown) > most else ""
@@ -56,12 +61,11 @@ def encode(caption: str) -> list[int]:
                            "circle at the center on a flat gray background'", EMPTY)
     ws = words(caption)
     unknown = sorted({w for w in ws if w not in _INDEX})
-    known = " ".join(VOCAB[2:])
     if not any(w in _INDEX and w != "," for w in ws):  # the model would draw from an empty caption
         named = f" (unknown words {_named(unknown)})" if unknown else ""
-        raise CaptionError(f"none of the reference model's words{named}; it knows only: {known}", NO_KNOWN_WORDS)
+        raise CaptionError(f"none of the reference model's words{named}; it knows only: {KNOWN}", NO_KNOWN_WORDS)
     if unknown:
-        raise CaptionError(f"unknown words {_named(unknown)}; the reference model knows only: {known}", UNKNOWN_WORDS)
+        raise CaptionError(f"unknown words {_named(unknown)}; the reference model knows only: {KNOWN}", UNKNOWN_WORDS)
     if len(ws) > MAX_CAPTION_TOKENS:
         raise CaptionError(f"caption has {len(ws)} tokens; the reference model takes at most {MAX_CAPTION_TOKENS}",
                            TOO_LONG)

@@ -56,6 +56,16 @@ def test_bad_captions_get_clear_errors(bad, match, reason):
     assert pickle.loads(pickle.dumps(e.value)).reason == reason  # as a Ray actor would send it
 
 
+@pytest.mark.parametrize("bad", ["two small blue squares on a striped background", "赤い円"])
+def test_the_vocabulary_an_error_lists_is_its_words_sorted_without_punctuation(bad):
+    """#49: the list once began with "," (the comma token, sorted first): only words now, sorted, comma-separated."""
+    with pytest.raises(cap.CaptionError) as e:
+        cap.encode(bad)
+    listed = str(e.value).split("knows only: ")[1].split(", ")
+    assert listed == sorted(listed) and all(w.isalnum() for w in listed), listed
+    assert set(listed) == {w for w in cap.VOCAB if w.isalnum()} and {"background", "striped"} <= set(listed)
+
+
 # what users sent the bundled model (issue #33): each was drawn from an empty or partial caption and marked ok
 ODD_PROMPTS = [
     ("大きな赤い円が中央にある、灰色の背景", "no_known_words"),  # Japanese

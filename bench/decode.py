@@ -40,6 +40,7 @@ from ssdgen.decoders import build
 from ssdgen.decoders.decoder import Decoder
 from ssdgen.decoders.recipes import SamplingConfig
 from ssdgen.decoders.spec import DecodeSpec, common_sampling, speculative_rows
+from ssdgen.workers.cpus import ThreadGovernor, ThreadPolicy
 
 
 class ForwardCounter:
@@ -275,13 +276,29 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
     `quality_decoders`: the decoder specs to score for quality (default: all); lossless decoders sample AR's
     distribution by construction (tested exactly and statistically), so a run may spend its time elsewhere."""
     from ssdgen.bench.load import LoadMonitor
-    from ssdgen.reference.prompts import eval_prompts, eval_seed
     sc = check_args(specs, batch_sizes)
     if rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    # threads follow what other processes leave (workers/cpus.py), as a run's actors do: a busy core costs a
+    # thread, not the whole bench; `load` says what the machine did, `threads_given_up` what that cost
+    governor = ThreadGovernor(ThreadPolicy.from_env())
     dev, price, devices = resolve_device(str(getattr(model, "device", "cpu")), device_type, price)
-    monitor = LoadMonitor(torch.get_num_threads())
+    label = device_label(dev)
+    monitor = LoadMonitor(governor.cap)
     monitor.idle_check()
+    with governor.watching(model):
+        out = _bench(model, specs, n, batch_sizes, quality_n, quality_batch, seed, log, warmup, quality_decoders,
+                     fidelity_n, tolerance, rounds, price, devices, progress, sc, monitor)
+    return {"model": model.name, "device": label, "torch_device": str(dev),
+            "device_type": price.device_type, "devices": devices, "threads": governor.cap,
+            "threads_given_up": governor.report(), "price": dataclasses.asdict(price),
+            "model_info": model_info(model)} | out
+
+
+def _bench(model, specs, n, batch_sizes, quality_n, quality_batch, seed, log, warmup, quality_decoders,
+           fidelity_n, tolerance, rounds, price, devices, progress, sc, monitor) -> dict:
+    """The bench's decoding, under its thread governor (`bench`)."""
+    from ssdgen.reference.prompts import eval_prompts, eval_seed
     named = row_names(specs, DecodeSpec("ar", (), sc))
     decs = list(dict.fromkeys(spec for _, spec, _ in named))  # each spec once: heads, plans, quality, fidelity
     built = {spec: build(spec, model) for spec in decs}  # heads loaded once; missing heads fail before any decode
@@ -304,10 +321,7 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
         if fidelity_n else None
     from ssdgen.bench import noise
     best = noise.best_batches(rows, floor["floor"] or 0.0)
-    return {"model": model.name, "device": device_label(dev), "torch_device": str(dev),
-            "device_type": price.device_type, "devices": devices, "threads": torch.get_num_threads(),
-            "price": dataclasses.asdict(price), "model_info": model_info(model),
-            "date": dt.date.today().isoformat(), "sampling": sc.__dict__, "rounds": rounds, "n": n,
+    return {"date": dt.date.today().isoformat(), "sampling": sc.__dict__, "rounds": rounds, "n": n,
             "verdict": noise.verdict(rows, best, floor["floor"] or 0.0), "load": monitor.report(), "noise": floor,
             "best": best, "rows": rows} \
         | ({"samples": samples, "fidelity_n": fidelity_n, "tolerance": tolerance} if fidelity_n else {})

@@ -56,6 +56,7 @@ from ssdgen.output.lease import LEASE_DIR, Lease
 from ssdgen.output.reader import read_plan_at
 from ssdgen.output.summary import committed_totals, this_run, unlisted_line, write_summary
 from ssdgen.output.damage import set_aside
+from ssdgen.workers.cpus import ThreadPolicy
 from . import cluster
 from .dispatch import Dispatcher
 from .groups import RunContext, run_groups
@@ -131,7 +132,7 @@ def _calibrate(cfg: RunSettings, rows: list[dict], most: int, stop: StopSignals)
     import ray
     from ssdgen.workers.decode_worker import DecodeWorker
     actor = ray.remote(DecodeWorker).options(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
-                                             max_restarts=0).remote(cfg.worker(), cfg.threads)
+                                             max_restarts=0).remote(cfg.worker(), threads(cfg))
     try:
         decided = _get(actor.calibrate.remote(rows, cfg.batch_size, cfg.objective, most, cfg.actors), stop)
         return decided, _get(actor.take_load_seconds.remote(), stop)
@@ -204,6 +205,12 @@ def _pool_size(cfg: RunSettings, pending: int) -> int:
     return n
 
 
+def threads(cfg: RunSettings) -> ThreadPolicy:
+    """An actor's torch threads: its CPUs, given up to other processes' load while it decodes, unless the
+    user's environment (read here, in the driver: Ray sets OMP_NUM_THREADS in its workers) pins them."""
+    return ThreadPolicy.from_env(cfg.threads)
+
+
 def _actors(cfg: RunSettings, n: int, resolved: DecodeSpec | None, stop: StopSignals | None = None) -> list:
     """The run's n actors, loaded, each built with the run's decoder: the request and what it resolved to. Ray
     replays these arguments when it restarts an actor, so a restarted one decodes by the same spec."""
@@ -211,7 +218,7 @@ def _actors(cfg: RunSettings, n: int, resolved: DecodeSpec | None, stop: StopSig
     from ssdgen.workers.decode_worker import DecodeWorker
     cls = ray.remote(DecodeWorker).options(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
                                            max_restarts=-1, max_task_retries=0)
-    actors = [cls.remote(cfg.worker(), cfg.threads, resolved) for _ in range(n)]
+    actors = [cls.remote(cfg.worker(), threads(cfg), resolved) for _ in range(n)]
     _get([a.info.remote() for a in actors], stop)  # wait for the loads; a config error surfaces here, once
     return actors
 

@@ -28,6 +28,7 @@ import numpy as np
 from ssdgen.decoders.spec import DecodeSpec
 from ssdgen.formats.images import encode_image
 
+from .cpus import ThreadGovernor, ThreadPolicy
 from .results import BAD_INPUT, DECODE_FAILED, BatchResult, Sample
 from .settings import WorkerSettings
 
@@ -59,15 +60,17 @@ def free_memory(model) -> int:
 
 
 class DecodeWorker:
-    def __init__(self, settings: WorkerSettings, threads: int = 1, resolved: DecodeSpec | None = None):
+    def __init__(self, settings: WorkerSettings, threads: ThreadPolicy | int = 1, resolved: DecodeSpec | None = None):
         """settings: the run's worker part (RunSettings.worker()), its `decoder` the requested spec; threads: torch
-        intra-op threads (on a CPU, actors x threads should match the cores); resolved: the concrete spec a
-        calibrated request resolved to (the run's plan), None for a spec that needs no plan or an actor that only
-        calibrates."""
+        intra-op threads, as the driver read them (ThreadPolicy.from_env: on a CPU, actors x threads should match
+        the cores; an int is a fixed count), given up to other processes' load while decoding (workers/cpus.py);
+        resolved: the concrete spec a calibrated request resolved to (the run's plan), None for a spec that needs
+        no plan or an actor that only calibrates."""
         import torch
         t0 = time.perf_counter()
-        self.spec, self.threads = settings, threads
-        torch.set_num_threads(threads)
+        policy = threads if isinstance(threads, ThreadPolicy) else ThreadPolicy(cap=threads, adapt=False)
+        self.spec, self.governor = settings, ThreadGovernor(policy)
+        self.threads = self.governor.cap
         self.device = "cpu"
         try:
             import ray
@@ -105,7 +108,8 @@ class DecodeWorker:
             torch.cuda.synchronize()
 
     def _decode(self, prompts: list[str], seeds: list[int]):
-        res = self.decoder.decode(prompts, seeds)  # a fall-back to AR is said in its statistics (decoder.py)
+        with self.governor.watching(self.model):
+            res = self.decoder.decode(prompts, seeds)  # a fall-back to AR is said in its statistics (decoder.py)
         images = self.model.decode_images(res.tokens).numpy()
         return res.tokens.cpu().numpy(), images, res.stats
 
@@ -125,10 +129,13 @@ class DecodeWorker:
             raise ValueError(f"no valid prompt among the first {len(rows)} rows to calibrate "
                              f"{self.decoder.spec.label} on; put valid prompts first, or set calibrated=false")
         batches = batch or batch_choices(self.model, self.sc.uses_cfg, most, sharing)
-        key = plan_cache.key(self.model, self.decoder.spec, batches)
-        chosen = self.decoder.resolve([r["prompt"] for r in good], [int(r["seed"]) for r in good], batches,
-                                      objective, plan_cache.load(key))
-        if not chosen.plan.cached:
+        key = plan_cache.key(self.model, self.decoder.spec, batches, threads=self.threads)
+        reduced = self.governor.reduced_s
+        with self.governor.watching(self.model):
+            chosen = self.decoder.resolve([r["prompt"] for r in good], [int(r["seed"]) for r in good], batches,
+                                          objective, plan_cache.load(key))
+        # a profile measured with threads given up to a neighbour is not this machine's: used, never cached
+        if not chosen.plan.cached and self.governor.reduced_s == reduced and self.governor.threads == self.threads:
             plan_cache.save(key, chosen.plan)
         self.load_s += time.perf_counter() - t0
         return {"spec": str(chosen), "measurements": chosen.plan.to_dict()}

@@ -33,13 +33,14 @@ def hardware() -> str:
     return f"{cpu} x{os.cpu_count()}"
 
 
-def key(model, spec, batch: int | list[int]) -> str:
-    """The cache key: hardware, torch version and threads, device, model weights and KV cache precision, spec
+def key(model, spec, batch: int | list[int], threads: int | None = None) -> str:
+    """The cache key: hardware, torch version and threads (`threads`: the count the process runs when the
+    machine is quiet, workers/cpus.py; default torch's now), device, model weights and KV cache precision, spec
     text and batch (or the batch sizes a plan chooses among)."""
     import torch
     dev = str(getattr(model, "device", "cpu"))
     gpu = torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else ""
-    parts = [VERSION, hardware(), gpu, torch.__version__, torch.get_num_threads(), dev,
+    parts = [VERSION, hardware(), gpu, torch.__version__, threads or torch.get_num_threads(), dev,
              str(getattr(model, "dtype", "")), model.name, model.capabilities.weights_digest, str(spec), batch]
     if model.capabilities.kv_dtype is not None:  # a step's speed: plans measured with another cache differ
         parts.append(model.capabilities.kv_dtype)

@@ -21,16 +21,26 @@ def _settings(prompts, out: str, settings: dict):
     except ValidationError as e:
         err = e.errors()[0]
         name = ".".join(str(x) for x in err["loc"]) or "settings"
-        raise ValueError(f"{name}: {err['msg']}") from None
+        raise ValueError(f"{name}: {_message(err)}") from None
+
+
+def _message(err: dict) -> str:
+    """A pydantic error in the words of its cause: a validator's own ValueError as it was raised, without
+    pydantic's "Value error, " before it; pydantic's own message otherwise."""
+    cause = (err.get("ctx") or {}).get("error")
+    return str(cause) if err["type"] == "value_error" and cause is not None else err["msg"]
 
 
 def generate(prompts, out: str, *, overwrite: bool = False, progress: bool = False, **settings) -> dict:
     """Run the generation flow over `prompts` (a URL, or a list of them: files, prefixes or globs) into `out`,
     as `ssdgen generate` does, and return the run's summary (summary.json). `settings` are RunSettings' fields
     by name (decoder="ar", shard_size=256, actors=2, keep_columns=("license",), ...; `ssdgen generate -h`).
-    Resumable: the same call again decodes only what is not committed."""
+    Resumable: the same call again decodes only what is not committed. Prefect runs as under the CLI: without a
+    configured API, a temporary server started before Prefect is imported (flows/prefect_server.py)."""
+    from ssdgen.flows.prefect_server import temporary_api
     from ssdgen.flows.run import run
-    return run(_settings(prompts, out, settings), overwrite=overwrite, progress=progress, say=print)
+    return run(_settings(prompts, out, settings), overwrite=overwrite, progress=progress, say=print,
+               around=temporary_api)
 
 
 def sample(prompts, n: int = 1, *, seed: int = 0, decoder: str = "ssd+csd", model: str | None = None,

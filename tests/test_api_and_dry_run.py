@@ -21,6 +21,17 @@ def test_generate_refuses_a_bad_setting_in_one_line_before_anything_starts(tmp_p
     with pytest.raises(ValueError) as e:
         api.generate(prompts=str(tmp_path / "none.parquet"), out=str(tmp_path / "run"), **settings)
     assert words in str(e.value) and "\n" not in str(e.value) and not (tmp_path / "run").exists()
+    assert "Value error" not in str(e.value)  # #49: pydantic's prefix before the validator's own words
+
+
+def test_generate_runs_under_the_temporary_server_the_cli_starts(tmp_path, monkeypatch):
+    """#49: `ssdgen.generate` let Prefect start its own server (its banner, 4 s slower than the CLI); it gives
+    the run the CLI's `around` (flows/prefect_server.py; tests/test_prefect_server.py runs a flow under it)."""
+    from ssdgen.flows import prefect_server, run
+    seen = {}
+    monkeypatch.setattr(run, "run", lambda cfg, **kw: seen.update(kw) or {})
+    api.generate(prompts=str(tmp_path / "p.parquet"), out=str(tmp_path / "run"), decoder="ar")
+    assert seen["around"] is prefect_server.temporary_api
 
 
 def test_date_fills_prompts_and_out_alike():

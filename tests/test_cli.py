@@ -125,7 +125,7 @@ def _raising(exc: BaseException) -> typer.Typer:
 
 
 def _project_errors():
-    from ssdgen.cli.prefect_server import NoPrefectServer
+    from ssdgen.flows.prefect_server import NoPrefectServer
     from ssdgen.inputs.pinned import InputError
     from ssdgen.output.lease import LeaseHeld
     from ssdgen.storage.store import StorageError

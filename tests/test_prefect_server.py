@@ -1,4 +1,4 @@
-"""Prefect's temporary API server started before Prefect is imported (ssdgen/cli/prefect_server.py, #36 item 7):
+"""Prefect's temporary API server started before Prefect is imported (flows/prefect_server.py, #36 item 7):
 the flow's client talks to it through PREFECT_API_URL, it is stopped unused where Prefect's settings name an API,
 and nothing of it is left after `stop`."""
 
@@ -10,7 +10,7 @@ import pytest
 def test_the_temporary_server_answers_is_the_flows_api_and_stops(tmp_path, monkeypatch):
     from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, get_current_settings
 
-    from ssdgen.cli.prefect_server import TemporaryServer
+    from ssdgen.flows.prefect_server import TemporaryServer
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
     server = TemporaryServer().start()
     try:
@@ -28,7 +28,7 @@ def test_the_temporary_server_answers_is_the_flows_api_and_stops(tmp_path, monke
 def test_it_is_stopped_unused_where_prefects_settings_name_an_api(tmp_path, monkeypatch):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from ssdgen.cli.prefect_server import TemporaryServer
+    from ssdgen.flows.prefect_server import TemporaryServer
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
     server = TemporaryServer().start()
     process = server.process
@@ -45,7 +45,7 @@ def _unwritable(tmp_path):
 
 def test_a_home_prefect_cannot_write_is_one_error_naming_prefect_home(tmp_path, monkeypatch):
     """#49: it said `/proc/...: No such file or directory`, not what fixes it."""
-    from ssdgen.cli.prefect_server import NoPrefectServer, TemporaryServer
+    from ssdgen.flows.prefect_server import NoPrefectServer, TemporaryServer
     monkeypatch.delenv("PREFECT_HOME", raising=False)
     monkeypatch.setenv("HOME", str(_unwritable(tmp_path)))
     with pytest.raises(NoPrefectServer) as e:
@@ -66,3 +66,23 @@ def test_generate_with_an_unwritable_home_says_to_set_prefect_home(tmp_path):
     proc = ssdgen("generate", "--prompts", str(tmp_path / "p.csv"), "--out", str(tmp_path / "run"), "--decoder", "ar",
                   "--no-progress", env=env)
     one_error(proc, "Prefect's home", "set PREFECT_HOME to a writable folder")
+
+
+@pytest.mark.integration
+def test_a_flow_under_temporary_api_prints_no_server_banner(tmp_path):
+    """#49: the Python API's runs start Prefect as the CLI's do (`temporary_api`): a flow run under it talks to
+    that server, and Prefect never starts its own ("Starting temporary server ..." on the console)."""
+    import subprocess
+    import sys
+    from test_operations import ROOT, cli_env
+    code = ("from ssdgen.flows.prefect_server import temporary_api\n"
+            "with temporary_api() as server:\n"
+            "    from prefect import flow\n"
+            "    with server.api():\n"
+            "        print('answer', flow(name='probe')(lambda: 42)(), server is not None)\n")
+    env = cli_env(PREFECT_HOME=str(tmp_path))  # no Prefect API named: the run starts its own
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "answer 42 True" in proc.stdout
+    assert "Starting temporary server" not in proc.stdout + proc.stderr

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import sys
 from typing import Optional
 
@@ -27,7 +26,7 @@ from ssdgen.models.registry import MODEL_HELP
 OWN_ERRORS = (("ssdgen.reference.weights", "BundleError"), ("ssdgen.output.lease", "LeaseHeld"),
               ("ssdgen.output.lease", "LeaseLost"), ("ssdgen.flows.commit", "ProvenanceError"),
               ("ssdgen.flows.pipeline", "ShardsFailed"), ("ssdgen.flows.cluster", "ClusterError"),
-              ("ssdgen.cli.prefect_server", "NoPrefectServer"))
+              ("ssdgen.flows.prefect_server", "NoPrefectServer"))
 BUG_EXIT = 70  # sysexits' EX_SOFTWARE: neither 2 (the user's to fix) nor 1 (verify's "damaged")
 
 
@@ -98,16 +97,13 @@ class _QuietUserErrors(logging.Filter):
 
 @contextlib.contextmanager
 def flow_console():
-    """Around a flow call: keep user errors' tracebacks off the console. Without a Prefect API the temporary
-    server starts here first, before Prefect is imported (ssdgen/cli/prefect_server.py), and the context gives
-    the one the flow runs under (`.api()`; None when an API is configured): the run starts its local Ray
-    meanwhile (flows/run.py)."""
-    server = _temporary_server()
-    try:
-        from prefect import flow  # noqa: F401 - sets Prefect's logging up: its console handler is filtered below
+    """Around a flow call: keep user errors' tracebacks off the console, under the Prefect API the run starts
+    itself (flows/prefect_server.py `temporary_api`: without a Prefect API the temporary server starts here
+    first, before Prefect is imported, and the context gives the one the flow runs under, None when an API is
+    configured; the run starts its local Ray meanwhile, flows/run.py)."""
+    from ssdgen.flows.prefect_server import flush_run_logs, temporary_api
+    with temporary_api() as server:
         from prefect.logging.handlers import PrefectConsoleHandler
-        if server is not None and not server.needed():
-            server = None
         # Prefect's console handler sits on the root logger (the "prefect" logger only propagates to it)
         handlers = [h for name in ("", "prefect") for h in logging.getLogger(name).handlers
                     if isinstance(h, PrefectConsoleHandler)]
@@ -118,36 +114,11 @@ def flow_console():
             yield server
         except Exception as e:
             if is_user_error(e):
-                _flush_run_logs()
+                flush_run_logs()
             raise
         finally:
             for h in handlers:
                 h.removeFilter(quiet)
-    finally:
-        if server is not None:
-            _flush_run_logs()  # the run's last logs reach the server before it stops, whatever the outcome
-            server.stop()
-
-
-def _temporary_server():
-    """Prefect's temporary API server, starting, unless the environment names a Prefect API (a real server, a
-    test harness: left alone) or this is not the main thread (signals, the server's SIGINT mask)."""
-    import threading
-    from ssdgen.cli.prefect_server import TemporaryServer
-    if os.environ.get("PREFECT_API_URL") or threading.current_thread() is not threading.main_thread():
-        return None
-    return TemporaryServer().start()
-
-
-def _flush_run_logs() -> None:
-    """Send the queued run logs (the failure's traceback among them) before the server stops. Best effort."""
-    try:
-        from prefect.logging.handlers import APILogHandler
-        for h in logging.getLogger("prefect.flow_runs").handlers:
-            if isinstance(h, APILogHandler):
-                h.flush()
-    except Exception:  # noqa: BLE001 - only tidies the console
-        pass
 
 
 def check_out_files(flags: dict) -> None:

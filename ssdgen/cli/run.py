@@ -117,7 +117,7 @@ def serve(settings: RunSettings, cron: str = typer.Option("0 2 * * *", help="sch
     from pydantic import ValidationError
     from prefect.client.schemas.schedules import CronSchedule
 
-    from ssdgen.cli.prefect_server import NoPrefectServer
+    from ssdgen.flows.prefect_server import NoPrefectServer
     from ssdgen.flows.pipeline import generate as flow
     # every setting checked now, as generate checks them, not at 2 a.m. when the first scheduled run starts
     settings.check()
@@ -178,11 +178,11 @@ def status(url: str = typer.Argument(..., help="a run's output URL"),
     if (how := plan_words(st["decode_plan"])) is not None:
         typer.echo(f"  decode plan: {how}")
     if st["cost"]:
-        c = st["cost"]
-        typer.echo(f"  cost so far: ${c['usd_on_demand']:.4f} on demand"
-                   + (f", ${c['usd_spot']:.4f} spot" if c.get("usd_spot") is not None else "")
+        from ssdgen.output.cost import price_words, usd
+        c = st["cost"]  # significant digits: a small run's cost once read $0.0000
+        typer.echo(f"  cost so far: {usd(c['usd_on_demand'])} on demand"
+                   + (f", {usd(c['usd_spot'])} spot" if c.get("usd_spot") is not None else "")
                    + f" ({c['device_seconds_allocated']:.1f} device-seconds on {c['price']['device_type']})")
-        from ssdgen.output.cost import price_words
         typer.echo(f"  price: {price_words(c['price'])}; "
                    + ("given now: the cost is recomputed at it" if st["price_given"] else "as the run recorded it"))
     from ssdgen.output.audit import audit_rows, warning

@@ -1,5 +1,7 @@
-"""Prefect's temporary API server for one `ssdgen generate` without a configured Prefect API, started the moment
-the run knows it has work, and waited for only when the flow starts (#36: an 8-prompt run in 20 s).
+"""Prefect's temporary API server for one run without a configured Prefect API (`ssdgen generate`, and
+`ssdgen.generate` from Python alike: `temporary_api`, the `around` they give flows/run.py), started the moment the
+run knows it has work, and waited for only when the flow starts (#36: an 8-prompt run in 20 s; #49: the Python API
+let Prefect start its own, printing its banner, 4 s slower).
 
 Prefect starts this server itself when a flow runs without PREFECT_API_URL (`SubprocessASGIServer`, "Starting
 temporary server"), but only once the flow is called, after this process imported Prefect (1.6 s); it blocks
@@ -159,3 +161,38 @@ class TemporaryServer:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+@contextlib.contextmanager
+def temporary_api():
+    """The `around` of a run (flows/run.py): Prefect's temporary server, started before Prefect is imported and
+    given to the flow (`server.api()`), stopped after it, its run logs sent first; None where the environment or
+    Prefect's settings name an API (a real server, a test harness: left alone) or this is not the main thread
+    (signals, the server's SIGINT mask). Without it Prefect starts its own server once the flow is called: later,
+    printing its banner, and blocking until it answers (#49: `ssdgen.generate` took 17.9 s against the CLI's 14)."""
+    import threading
+    server = None
+    if not os.environ.get("PREFECT_API_URL") and threading.current_thread() is threading.main_thread():
+        server = TemporaryServer().start()
+    try:
+        from prefect import flow  # noqa: F401 - Prefect's settings and logging, set up once imported
+        if server is not None and not server.needed():
+            server = None
+        yield server
+    finally:
+        if server is not None:
+            flush_run_logs()  # the run's last logs reach the server before it stops, whatever the outcome
+            server.stop()
+
+
+def flush_run_logs() -> None:
+    """Send the queued run logs (a failure's traceback among them) to the API before its server stops. Best
+    effort."""
+    import logging
+    try:
+        from prefect.logging.handlers import APILogHandler
+        for h in logging.getLogger("prefect.flow_runs").handlers:
+            if isinstance(h, APILogHandler):
+                h.flush()
+    except Exception:  # noqa: BLE001 - only tidies the console
+        pass

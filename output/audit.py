@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from ssdgen.decoders.recipes import REFERENCE_SEED_OFFSET
 
-from .cost import Price, shard_cost
+from .cost import Price, shard_cost, usd
 
 AUDIT_FILE = "audit.parquet"
 DEFAULT_TOLERANCE = 0.15  # nats/token, as `ssdgen fidelity --tolerance`
@@ -153,12 +153,12 @@ def audit_rows(a: dict | None) -> list[dict]:
     """{"metric", "value"} rows for the cost artifact and the CLI (nothing when the run has no audit)."""
     if not a:
         return []
-    usd = "n/a" if a["usd_on_demand"] is None else f"${a['usd_on_demand']:.4g}"
+    cost = usd(a["usd_on_demand"])
     gap = "n/a" if a["nll_gap"] is None else f"{a['nll_gap']:+.4f} nats/token"
     ci = "n/a" if a["nll_gap_ci"] is None else f"[{a['nll_gap_ci'][0]:+.4f}, {a['nll_gap_ci'][1]:+.4f}]"
     verdict = {None: "n/a", True: "yes", False: "NO"}[a["within_tolerance"]]
     rows = [("audit prompts", f"{a['n']:,} (fraction {a['fraction']})"),
             ("audit NLL gap (decoder - ar)", gap), ("audit NLL gap 95% CI", ci),
             (f"audit within +-{a['tolerance']}", verdict), ("audit seconds", f"{a['audit_seconds']:,.1f} s"),
-            ("audit cost on-demand", f"{usd} (apart from the images' cost)")]
+            ("audit cost on-demand", f"{cost} (apart from the images' cost)")]
     return [{"metric": m, "value": v} for m, v in rows]

@@ -373,10 +373,16 @@ def _num(v: float | None, fmt: str = ",.1f", suffix: str = "") -> str:
     return "n/a" if v is None else f"{v:{fmt}}{suffix}"
 
 
-def _usd(v: float | None) -> str:
-    if v is None:
+def usd(v: float | None) -> str:
+    """Dollars for people: cents from $1 up, four significant digits below, in plain decimals ($0.00012, never
+    1.2e-04), so a small run's nonzero cost never reads as $0.0000; "n/a" for none."""
+    if v is None or not math.isfinite(v):
         return "n/a"
-    return f"${v:,.2f}" if abs(v) >= 1 else f"${v:.4g}"
+    if v == 0 or abs(v) >= 1:
+        return f"${v:,.2f}"
+    digits = 3 - math.floor(math.log10(abs(v)))  # the decimals that keep four significant digits
+    whole, frac = f"{v:.{digits}f}".split(".")
+    return f"${whole}.{frac.rstrip('0').ljust(2, '0')}"  # at least cents: $0.10, not $0.1
 
 
 def _pct(v: float | None) -> str:
@@ -403,12 +409,12 @@ def cost_table(summary: dict) -> list[dict]:
         (f"model-load {unit}-seconds", _num(summary["model_load_device_seconds"])),
         ("utilization", _pct(summary["utilization"])),
         ("overhead share", _pct(summary["overhead_share"])),
-        ("cost on-demand", _usd(summary["usd_on_demand"])),
-        ("cost spot", _usd(summary["usd_spot"])),
-        ("$ per 1k images on-demand", _usd(summary["usd_per_1k_images_on_demand"])),
-        ("$ per 1k images spot", _usd(summary["usd_per_1k_images_spot"])),
-        (f"price on-demand per {unit}-hour", _usd(p["on_demand_usd_per_hour"])),
-        (f"price spot per {unit}-hour (typical)", _usd(p["spot_usd_per_hour"])),
+        ("cost on-demand", usd(summary["usd_on_demand"])),
+        ("cost spot", usd(summary["usd_spot"])),
+        ("$ per 1k images on-demand", usd(summary["usd_per_1k_images_on_demand"])),
+        ("$ per 1k images spot", usd(summary["usd_per_1k_images_spot"])),
+        (f"price on-demand per {unit}-hour", usd(p["on_demand_usd_per_hour"])),
+        (f"price spot per {unit}-hour (typical)", usd(p["spot_usd_per_hour"])),
         ("price source", src),
         *([("price from", p["origin"])] if p.get("origin") else []),
         ("per-shard costs reconcile", "yes" if summary["reconciles"] else "NO"),
@@ -420,6 +426,6 @@ def price_words(price: dict) -> str:
     """A recorded price (summary.json's "price") in a few words, where it came from included."""
     unit = price["unit"]
     spot = price.get("spot_usd_per_hour")
-    return (f"{_usd(price['on_demand_usd_per_hour'])} per {unit}-hour on demand"
-            + (f", {_usd(spot)} spot" if spot is not None else ", no spot price")
+    return (f"{usd(price['on_demand_usd_per_hour'])} per {unit}-hour on demand"
+            + (f", {usd(spot)} spot" if spot is not None else ", no spot price")
             + f" ({price['device_type']}; from {price.get('origin') or price['source']})")

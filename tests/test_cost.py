@@ -20,6 +20,7 @@ from ssdgen.output.cost import (
     price_for,
     run_summary,
     shard_cost,
+    usd,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -271,6 +272,32 @@ def test_cost_table_rows():
     assert by["per-shard costs reconcile"] == "yes"
     assert "hand-made" in by["price source"] and "2026-11-29" in by["price source"]
     json.dumps(rows)
+
+
+@pytest.mark.parametrize("v, text", [
+    (0.00012, "$0.00012"), (0.000123456, "$0.0001235"), (1.2e-9, "$0.0000000012"), (0.16, "$0.16"),
+    (0.1, "$0.10"), (0.8421052, "$0.8421"), (0.99995, "$1.00"), (1234.5, "$1,234.50"), (0, "$0.00"),
+    (None, "n/a"), (float("nan"), "n/a"),
+])
+def test_dollars_keep_significant_digits_in_plain_decimals(v, text):
+    """#49: `status` printed a small run's cost as $0.0000; a nonzero cost keeps four significant digits."""
+    assert usd(v) == text
+
+
+def test_status_shows_a_small_runs_cost_with_significant_digits(monkeypatch):
+    from typer.testing import CliRunner
+
+    import ssdgen.output.reader as reader
+    from ssdgen.cli.app import app
+    price = dataclasses.asdict(_price())
+    cost = {"usd_on_demand": 0.000123, "usd_spot": 0.0000615, "device_seconds_allocated": 0.123, "price": price}
+    st = {"interrupted": False, "shards_done": 1, "shards_pending": 0, "shards_failed": {}, "shards_total": 1,
+          "images_ok": 2, "images_failed": 0, "damaged": [], "decode_plan": None, "cost": cost,
+          "price_given": False, "audit": None}
+    monkeypatch.setattr(reader, "run_status", lambda url, **kw: st)
+    r = CliRunner().invoke(app, ["status", "run"])
+    assert r.exit_code == 0, r.output
+    assert "cost so far: $0.000123 on demand, $0.0000615 spot" in r.stdout and "$0.0000 " not in r.stdout
 
 
 @pytest.mark.integration

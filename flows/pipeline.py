@@ -30,6 +30,7 @@ under the target; its rows are committed with their shard, and its cost is a lin
 
 # no `from __future__ import annotations` here: Prefect builds the flow's parameter model from the signature's
 # real types (a string `RunSettings` cannot be resolved where a served or deployed run validates it)
+import contextlib
 import logging
 import os
 import time
@@ -255,6 +256,7 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
             resolved, batch, planning_s = _decode_plan(cfg, files, shards, out, log, stop)
             cfg = cfg.model_copy(update={"batch_size": batch})  # what the dispatcher splits shards by
             actors = _actors(cfg, n, resolved, stop)
+            load = _machine_load(actors, stop)
             startup_s = time.perf_counter() - t0
             log.info(f"{len(actors)} actor(s) ready {startup_s:.1f} s after the flow started")
             bar = tqdm(total=rows, unit="img", desc="generate", disable=not progress, smoothing=0.1)
@@ -262,7 +264,7 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
             disp = Dispatcher(cfg, files, out, actors, done, log, ACTOR_RESTART_WAIT_S, bar,
                               str(resolved or cfg.decoder), guard=lease.guard, planning_s=planning_s).start()
             stop.target = disp.interrupt  # from here a signal stops the window, not the main thread
-            with _own_line(bar):
+            with _own_line(bar), load:
                 failed_groups = run_groups(RunContext(shards, done, disp), pending, len(shards))
             bar.close()
         finally:
@@ -275,7 +277,27 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
             "batch_size": cfg.batch_size,
             "commit_latency_s": {"mean": disp.write_total / disp.write_n if disp.write_n else None,
                                  "max": disp.write_max if disp.write_n else None},
-            "interrupted": stop.interrupted}
+            "interrupted": stop.interrupted, "machine_load": _load_report(load, log)}
+
+
+def _machine_load(actors: list, stop: StopSignals):
+    """What watches other processes' CPU while the pool decodes (workers/cpus.py RunLoad): on this machine,
+    where at least one actor runs; a no-op context otherwise (a cluster's nodes are not seen from here)."""
+    import ray
+    from ssdgen.workers.cpus import RunLoad
+    here = ray.get_runtime_context().get_node_id()
+    pids = {i["pid"] for i in _get([a.info.remote() for a in actors], stop) if i["node_id"] == here}
+    return RunLoad(pids) if pids else contextlib.nullcontext()
+
+
+def _load_report(load, log) -> dict | None:
+    """The watch's report, its warning logged (and printed with the summary: ssdgen/cli/run.py)."""
+    if not hasattr(load, "report"):
+        return None
+    rep = load.report()
+    if rep["warning"]:
+        log.warning(rep["warning"])
+    return rep
 
 
 def _audit(cfg: RunSettings, out: Output, committed: dict, price: Price) -> dict | None:

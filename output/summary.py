@@ -63,7 +63,9 @@ def this_run(cfg, ran: dict, wall_s: float, shards_total: int, redecoded: list[i
             "batch_size": ran.get("batch_size", cfg.batch_size), "image_format": cfg.image_format,
             "format": cfg.format, "actors": cfg.actors, "device_type": cfg.device_type,
             "commit_latency_s": ran["commit_latency_s"], "decode_plan": plan_summary(plan),
-            "interrupted": ran.get("interrupted") is not None, "finished_at": datetime.now(timezone.utc).isoformat()}
+            "interrupted": ran.get("interrupted") is not None,
+            # other processes' CPU on the machine while it decoded (workers/cpus.py RunLoad), with its warning
+            "machine_load": ran.get("machine_load"), "finished_at": datetime.now(timezone.utc).isoformat()}
 
 
 def write_summary(out: Output, summary: dict) -> str:

@@ -130,3 +130,50 @@ def test_tokens_do_not_depend_on_the_thread_count(ref_model, spec):
         torch.set_num_threads(n)
         got[n] = dec.decode(PROMPTS, [11, 12, 13, 14]).tokens
     assert torch.equal(got[1], got[2])
+
+
+def test_run_load_warns_when_other_processes_took_cpu(monkeypatch):
+    """Scripted /proc: 2 s windows in which the machine was busy 3.2 core-seconds and the run 2.0 of them."""
+    from ssdgen.workers.cpus import RunLoad
+    load = RunLoad(set(), interval=0.01)
+    reads = iter([(0.0, 0.0, 0.0), (2.0, 3.2, 0.0), (4.0, 6.4, 0.0)])
+    ours = iter([0.0, 2.0, 4.0])
+
+    def read(self):
+        try:
+            return next(reads)
+        except StopIteration:
+            load._stop.set()
+            return (4.0, 6.4, 0.0)
+    monkeypatch.setattr(cpus.CpuSample, "read", read)
+    monkeypatch.setattr(load, "_ours", lambda: next(ours, 4.0))
+    with load:
+        load._thread.join(timeout=5)
+    rep = load.report()
+    assert rep["other_cores_mean"] == pytest.approx(0.6) and rep["seconds"] == pytest.approx(4.0)
+    assert "other processes used 0.60" in rep["warning"]
+    quiet = RunLoad(set())
+    quiet.wall_s, quiet.other_s = 10.0, 0.5
+    assert quiet.report()["warning"] is None
+
+
+def test_run_load_counts_the_runs_own_processes_as_its_own():
+    """A child of the driver (a local Ray's worker) and a listed pid (an actor) are the run's, not others'."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    from ssdgen.workers.cpus import RunLoad
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        load = RunLoad(set())
+        p = psutil.Process(child.pid)
+        c0, o0 = sum(p.cpu_times()[:2]), load._ours()
+        time.sleep(1.0)
+        c1, o1 = sum(p.cpu_times()[:2]), load._ours()
+        assert c1 - c0 > 0.01
+        assert o1 - o0 >= c1 - c0 - 0.05
+    finally:
+        child.kill()
+        child.wait()

@@ -88,6 +88,8 @@ def test_a_run_starts_no_more_actors_than_it_has_shards_to_run(tmp_path, monkeyp
     _write(None, tmp_path / "p.parquet", _prompts(3))
     s = _run(prompts=[str(tmp_path / "p.parquet")], out=str(tmp_path / "run"), shard_size=8, actors=2)
     assert s["images_ok"] == 3 and started == [1]
+    # other processes' CPU was watched while the actor decoded (#49: a busy machine is said in the summary)
+    assert s["machine_load"]["seconds"] > 0 and s["machine_load"]["other_cores_mean"] >= 0
 
 
 def test_bad_rows_become_error_rows_and_the_shard_commits(tmp_path):

@@ -197,3 +197,76 @@ class ThreadGovernor:
         return {"cap": self.cap, "adapt": self.policy.adapt, "threads_now": self.threads,
                 "seconds": self.wall_s, "other_cores_mean": self.other_s / w, "other_cores_worst": self.worst,
                 "steal_share": self.steal_s / (w * max(1, len(self.sample.cpus))), "reduced_s": self.reduced_s}
+
+
+BUSY_WARN = 0.25  # other processes' cores, on average while decoding, from which a run's summary warns
+
+
+class RunLoad:
+    """Other processes' CPU on this machine while a run decodes, sampled every `interval` seconds on a thread:
+    the machine's busy time less the run's own processes' (this driver with its children: a local Ray's GCS,
+    raylet and workers; and the actors' pids on this machine, `own`), and the hypervisor's steal. Only this
+    machine is seen: actors on other nodes are not measured (`report` says how many were here)."""
+
+    def __init__(self, own: set[int], interval: float = 2.0):
+        import threading
+        self.own, self.interval = set(own), interval
+        self.sample, self.me = CpuSample(list(range(psutil.cpu_count() or os.cpu_count() or 1))), psutil.Process()
+        self.cpu: dict[int, float] = {}
+        self.other_s = self.steal_s = self.wall_s = self.worst = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ssdgen-run-load", daemon=True)
+
+    def _ours(self) -> float:
+        """The run's processes' CPU seconds; a process first seen counts from its start (it began in the window
+        or is the driver's own, measured from the first read)."""
+        procs = {self.me.pid: self.me} | {p.pid: p for p in self.me.children(recursive=True)}
+        for pid in self.own - procs.keys():
+            try:
+                procs[pid] = psutil.Process(pid)
+            except psutil.Error:
+                pass
+        for pid, p in procs.items():
+            try:
+                self.cpu[pid] = _own_cpu(p)
+            except psutil.Error:  # ended: keeps its last reading
+                pass
+        return sum(self.cpu.values())
+
+    def _loop(self) -> None:
+        t0, busy0, steal0 = self.sample.read()
+        ours0 = self._ours()
+        stopped = False
+        while not stopped:
+            stopped = self._stop.wait(self.interval)  # the last, shorter window too
+            t, busy, steal = self.sample.read()
+            ours = self._ours()
+            wall = t - t0
+            if wall > 0:
+                other = max(0.0, (busy - busy0) - (ours - ours0)) / wall
+                self.other_s += other * wall
+                self.steal_s += max(0.0, steal - steal0)
+                self.wall_s += wall
+                self.worst = max(self.worst, other)
+            t0, busy0, steal0, ours0 = t, busy, steal, ours
+
+    def __enter__(self) -> "RunLoad":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def report(self) -> dict:
+        """{seconds measured, other processes' cores (mean, worst window), the share of CPU stolen, warning}."""
+        w, cores = max(self.wall_s, 1e-9), len(self.sample.cpus)
+        mean, steal = self.other_s / w, self.steal_s / (w * cores)
+        warning = None
+        if self.wall_s and (mean > BUSY_WARN or steal > 0.05):
+            warning = (f"other processes used {mean:.2f} of this machine's {cores} cores on average while the run "
+                       f"decoded (up to {self.worst:.2f})" + (f", and the hypervisor took {steal:.0%}" if steal > 0.05
+                                                               else "")
+                       + ": its images/s and cost per image are worse than this machine's quiet figures")
+        return {"seconds": self.wall_s, "cores": cores, "other_cores_mean": mean, "other_cores_worst": self.worst,
+                "steal_share": steal, "warning": warning}

@@ -100,6 +100,8 @@ def _print_summary(s: dict) -> None:
         typer.echo(f"  {r['metric']:<34} {r['value']}")
     if (w := warning(s.get("audit"))) is not None:
         typer.echo(f"WARNING: {w}", err=True)
+    if (w := (s.get("machine_load") or {}).get("warning")) is not None:
+        typer.echo(f"WARNING: {w}", err=True)
     from ssdgen.output.layout import plan_words
     if (how := plan_words(s.get("decode_plan"))) is not None:  # a fall-back to plain AR is said, never silent
         typer.echo(f"decode plan (decided once for this run, _plan.json): {how}")

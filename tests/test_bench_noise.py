@@ -152,3 +152,15 @@ def test_the_bench_costs_at_the_users_price_and_says_so(tmp_path):
         assert r["usd_per_1k_images"] == pytest.approx(res["devices"] * 100 / 3.6 / r["images_per_s"], rel=1e-12)
         assert r["usd_per_1k_images_spot"] is None  # the table's spot price is not the user's
     assert "--usd-per-hour" in bench_html(res)
+
+
+def test_a_load_average_left_by_the_users_previous_command_is_no_busy_warning(monkeypatch):
+    """#49: the 1-minute load average lags; with no other process on the CPU it is recorded, never warned on."""
+    from ssdgen.bench import load
+    monkeypatch.setattr(load.os, "getloadavg", lambda: (7.5, 3.0, 1.0))
+    m = load.LoadMonitor(2)
+    m.windows = [{"where": "before", "seconds": 1.0, "other_cores": 0.02, "steal_share": 0.0, "loadavg_1m": 7.5},
+                 {"where": "round 1, batch 1", "seconds": 9.0, "other_cores": 0.03, "steal_share": 0.0,
+                  "loadavg_1m": 7.2}]
+    rep = m.report()
+    assert not rep["busy"] and rep["warnings"] == [] and rep["loadavg_1m_before"] == 7.5

@@ -84,6 +84,7 @@ NOT_JSON, NO_ROWS = "not json", "{}"
     (["generate", "--prompts", "x.parquet", "--ray-address", "notaurl"], "--ray-address 'notaurl': not a Ray"),
     (["sample", "--prompt", GOOD, "--device", "cuda:99"], "--device cuda:99: this machine has"),
     (["sample", "--prompt", GOOD, "--out", "/nonexistent/dir/g.png"], "--out /nonexistent/dir/g.png: no folder"),
+    (["sample"], "give a prompt: ssdgen sample \"a large red circle"),
     (["sample", "--prompt", GOOD, "--decoder", "sdd+csd"], "unknown decoder 'sdd+csd' (did you mean 'ssd+csd'?)"),
     (["generate", "--prompts", "x.parquet", "--decoder", "sjdd:window=8"], "unknown decoder 'sjdd' (did you mean"),
     (["eval", "--n", "1", "--json", "/nonexistent/dir/x.json"], "--json /nonexistent/dir/x.json: no folder"),
@@ -176,12 +177,37 @@ def test_no_object_store_credentials_is_one_line(tmp_path):
 
 
 @pytest.mark.integration
-def test_sample_writes_a_grid(tmp_path):
+def test_sample_writes_a_captioned_grid_where_it_says(tmp_path):
+    """#49: `sample` wrote an uncaptioned grid.png into the current folder. The prompt may be an argument; the
+    default --out is out/samples.png under the current folder (made), said in one line; each image has its
+    caption."""
+    import numpy as np
     from PIL import Image
-    out = tmp_path / "grid.png"
-    r = run("sample", "--prompt", GOOD, "--n", "2", "--out", str(out))
+
+    from ssdgen.reference.grid import PAD, TILE
+    r = subprocess.run([sys.executable, "-m", "ssdgen.cli", "sample", GOOD, "--n", "2"], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert Image.open(out).size == (128, 64)
+    out = tmp_path / "out" / "samples.png"
+    assert r.stdout.splitlines() == [f"wrote {out}: 2 images of 1 prompt(s), 2 per row (ar, 256.0 forwards per "
+                                     "image)"], r.stdout
+    grid = Image.open(out)
+    assert grid.width == 2 * (TILE + 2 * PAD) and grid.height > TILE + 4
+    band = np.asarray(grid.convert("L"))[TILE + 8:, :]  # under the images: their captions, in dark pixels
+    assert (band < 128).any(axis=1).sum() >= 2 * 8, "no caption under the images"
+
+
+def test_sample_grid_captions_each_image_with_its_prompt_and_seed(monkeypatch):
+    import numpy as np
+
+    import ssdgen.reference.grid as grid
+    from ssdgen.cli.decode import _sample_grid
+    seen = {}
+    monkeypatch.setattr(grid, "captioned_grid", lambda images, captions, cols, tile: seen.update(
+        captions=captions, cols=cols, tile=tile))
+    _sample_grid(np.zeros((4, 64, 64, 3), np.uint8), ["a", "a", "b", "b"], [0, 1, 2, 3], 2)
+    assert seen == {"captions": ["a (seed 0)", "a (seed 1)", "b (seed 2)", "b (seed 3)"], "cols": 2,
+                    "tile": grid.TILE}
 
 
 @pytest.mark.integration

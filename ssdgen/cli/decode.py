@@ -19,36 +19,55 @@ from ssdgen.cli.options import (CFG, DECODER, DEVICE, DTYPE, MODEL, RUN_DECODER,
 app = typer.Typer()
 
 
+SAMPLE_OUT = Path("out/samples.png")  # beside `make demo`'s out/, which .gitignore keeps out of a checkout
+
+
 @app.command()
 @friendly
-def sample(prompt: list[str] = typer.Option(..., help="caption; repeat for several"),
+def sample(prompts: Optional[list[str]] = typer.Argument(None, help="captions to draw (or --prompt, repeated)",
+                                                         show_default=False),
+           prompt: Optional[list[str]] = typer.Option(None, help="caption; repeat for several"),
            n: int = typer.Option(4, help="images per prompt"),
-           out: Path = typer.Option(Path("grid.png"), help="the grid PNG to write"),
+           out: Path = typer.Option(SAMPLE_OUT, help="the grid PNG to write (its folder must exist; the default's "
+                                                     "out/ is made)"),
            seed: int = typer.Option(0, help="seed of the first image; the others count up from it"),
            decoder: str = DECODER, model: Optional[str] = MODEL, device: str = DEVICE, dtype: str = DTYPE):
-    """Sample images for prompts and save them as one grid PNG (a row per prompt)."""
+    """Sample images for prompts and save them as one grid PNG: a row per prompt, each image captioned with its
+    prompt and seed."""
     import numpy as np
-    from PIL import Image
     from ssdgen.decoders import build
+    captions = [*(prompts or []), *(prompt or [])]
+    if not captions:
+        raise ValueError('give a prompt: ssdgen sample "a large red circle at the center on a flat gray background"')
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
-    check_out_files({"--out": out})
+    if out != SAMPLE_OUT:  # the default's folder is made when the grid is written, not for a run that fails
+        check_out_files({"--out": out})
     spec = spec_of(decoder)
     m = model_on(model, device, dtype)
-    prompts = [p for p in prompt for _ in range(n)]
-    seeds = [seed + i for i in range(len(prompts))]
-    m.validate_prompts(prompts)
-    dec = build(spec, m).resolve(prompts, seeds, len(prompts))  # a calibrated spec: planned on this batch
+    batch = [p for p in captions for _ in range(n)]
+    seeds = [seed + i for i in range(len(batch))]
+    m.validate_prompts(batch)
+    dec = build(spec, m).resolve(batch, seeds, len(batch))  # a calibrated spec: planned on this batch
     if dec.plan is not None:
         typer.echo(f"{decoder} planned on this device: {dec.plan.why}; decoding as {dec}")
-    res = dec.decode(prompts, seeds)
-    imgs = m.decode_images(res.tokens).numpy()
-    rows = [np.concatenate(list(imgs[i * n:(i + 1) * n]), axis=1) for i in range(len(prompt))]
-    Image.fromarray(np.concatenate(rows, axis=0)).save(out)
+    res = dec.decode(batch, seeds)
+    grid = _sample_grid(m.decode_images(res.tokens).numpy(), batch, seeds, n)
+    out.parent.mkdir(exist_ok=True)
+    grid.save(out)
     fwd = np.mean([s.forwards for s in res.stats])
-    typer.echo(f"wrote {out} ({len(prompts)} images, {decoder}, {fwd:.1f} forwards per image)")
+    typer.echo(f"wrote {out.resolve()}: {len(batch)} images of {len(captions)} prompt(s), {n} per row ({decoder}, "
+               f"{fwd:.1f} forwards per image)")
     if dec.falls_back:  # a fall-back to plain AR is said, never silent
         typer.echo(f"note: {decoder} decoded this batch as plain AR ({dec.plan.why})")
+
+
+def _sample_grid(images, prompts: list[str], seeds: list[int], n: int):
+    """The samples as reference/grid.py's captioned grid, `n` to a row: each under its prompt and seed (the seed
+    redraws it: --seed), at 3x the reference model's 64 pixels or a larger model's own size."""
+    from ssdgen.reference.grid import TILE, captioned_grid
+    captions = [f"{p} (seed {s})" for p, s in zip(prompts, seeds)]
+    return captioned_grid(list(images), captions, cols=n, tile=max(TILE, images.shape[2]))
 
 
 def _batch_sizes(text: str) -> list[int]:

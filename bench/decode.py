@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import platform
+import sys
 import time
 
 import numpy as np
@@ -42,62 +43,18 @@ from ssdgen.decoders.recipes import SamplingConfig
 from ssdgen.decoders.spec import DecodeSpec, common_sampling, speculative_rows
 from ssdgen.workers.cpus import ThreadGovernor, ThreadPolicy
 
-
-class ForwardCounter:
-    """Counts the model calls a decoder makes: prefills (`start`) and forwards (`step`), with the rows fed
-    (CFG's doubled batch included) and the query tokens per row. Wraps the instance's methods while active.
-
-    While `recording`, each call is also appended to `trace` as [rows, tokens per row, context length]: the
-    forward shapes a decoder produced, which lab/bench/shape_replay.py replays on bigger models."""
-
-    def __init__(self, model):
-        self.model = model
-        self.prefills = self.prefill_tokens = self.steps = self.step_rows = self.step_tokens = 0
-        self.recording, self.trace = False, []
-
-    def __enter__(self):
-        m = self.model
-        self._saved = {k: m.__dict__[k] for k in ("start", "step") if k in m.__dict__}
-        start, step = m.start, m.step
-
-        def counted_start(prompts, use_cfg):
-            out = start(prompts, use_cfg)
-            self.prefills += 1
-            rows = len(prompts) * (2 if use_cfg else 1)
-            self.prefill_tokens += rows * _prompt_len(m)
-            self._cfg_factor = 2 if use_cfg else 1
-            if self.recording:
-                self.trace.append([rows, _prompt_len(m), _prompt_len(m)])
-            return out
-
-        def counted_step(tokens, index, lengths=None, **kw):  # kw: tree= (decoders/window.py: Branches)
-            self.steps += 1
-            f = getattr(self, "_cfg_factor", 1)
-            self.step_rows += tokens.shape[0] * f
-            # a packed step computes each row's own entries only
-            self.step_tokens += (tokens.numel() if lengths is None else int(lengths.sum())) * f
-            if self.recording:  # the furthest position fed bounds the attention's width; the padded width
-                # a tree step caches entry s at slot index[:, 0] + s (reference/gpt.py tree_mask), past its positions
-                end = int(index[:, 0].max()) + tokens.shape[1] if kw.get("tree") is not None else int(index.max()) + 1
-                self.trace.append([tokens.shape[0] * f, tokens.shape[1], _prompt_len(m) + end])
-            return step(tokens, index, lengths, **kw)
-
-        m.start, m.step = counted_start, counted_step
-        return self
-
-    def __exit__(self, *exc):
-        m = self.model
-        for k in ("start", "step"):
-            if k in self._saved:
-                setattr(m, k, self._saved[k])
-            else:
-                m.__dict__.pop(k, None)
-        return False
+from .forwards import ForwardCounter
+from .workload import RoundLines, estimate_line, workload
 
 
-def _prompt_len(model) -> int:
-    g = getattr(getattr(model, "gpt", None), "cfg", None)
-    return int(getattr(g, "caption_len", 0) or 0)
+class BenchInterrupted(KeyboardInterrupt):
+    """A Ctrl-C stopped the bench; `result` is what it measured until then (its cells' whole rounds, their
+    verdict, and where it stopped: `result["interrupted"]`). A KeyboardInterrupt still, to a caller that does not
+    know it."""
+
+    def __init__(self, result: dict):
+        super().__init__("bench interrupted")
+        self.result = result
 
 
 def _sync(model) -> None:
@@ -127,6 +84,11 @@ class SpeedTally:
         self.round_seconds.append(0.0)
         self.round_images.append(0)
 
+    def drop_round(self) -> None:
+        """The round in progress is no round (a Ctrl-C stopped it): the cell keeps its whole rounds only."""
+        self.n -= self.round_images.pop()
+        self.round_seconds.pop()
+
     def run_batch(self, prompts: list[str], seeds: list[int]) -> None:
         with self.fc as fc:
             fc.recording = self.batches == 0  # the first batch's forward shapes, for the shape replay
@@ -153,6 +115,7 @@ class SpeedTally:
                 "batch_size": self.batch_size, "n": n // max(1, len(self.round_seconds)),
                 "rounds": len(self.round_seconds),
                 "rounds_images_per_s": [k / s for k, s in zip(self.round_images, self.round_seconds)],
+                "lossless": self.spec.lossless,  # exact by construction; else only fidelity says how far
                 "forwards_per_image": float(np.mean(self.forwards)),
                 "tokens_per_forward": float(np.mean(self.committed)),
                 # query tokens computed (both CFG rows) per committed token, prefill as one: ar 2.0 with CFG
@@ -171,10 +134,11 @@ class SpeedTally:
 
 
 def time_rounds(tallies: list[SpeedTally], prompts: list[str], seeds: list[int], rounds: int, monitor=None,
-                progress: bool | None = None) -> None:
+                progress: bool | None = None, lines: RoundLines | None = None) -> None:
     """Every round visits every cell once: per batch size, its cells decode every batch of the prompts,
     interleaved batch by batch, starting each round one decoder further on (no decoder always goes first).
-    A progress bar per cell with its ETA, and one for the whole bench (on a terminal; `progress`)."""
+    A progress bar per cell with its ETA, and one for the whole bench (on a terminal; `progress`); `lines`: a
+    line per round and batch size instead (off a terminal). A Ctrl-C leaves every cell its whole rounds."""
     from tqdm import tqdm
     sizes = list(dict.fromkeys(t.batch_size for t in tallies))
     total = rounds * len(tallies) * len(prompts)
@@ -190,15 +154,22 @@ def time_rounds(tallies: list[SpeedTally], prompts: list[str], seeds: list[int],
                         for j, t in enumerate(group)]
                 for t in group:
                     t.new_round()
-                for i in range(0, len(prompts), bs):
-                    for t, bar in zip(group, bars):
-                        t.run_batch(prompts[i:i + bs], seeds[i:i + bs])
-                        bar.update(len(prompts[i:i + bs]))
-                        overall.update(len(prompts[i:i + bs]))
+                try:
+                    for i in range(0, len(prompts), bs):
+                        for t, bar in zip(group, bars):
+                            t.run_batch(prompts[i:i + bs], seeds[i:i + bs])
+                            bar.update(len(prompts[i:i + bs]))
+                            overall.update(len(prompts[i:i + bs]))
+                except KeyboardInterrupt:
+                    for t in group:
+                        t.drop_round()
+                    raise
                 for bar in bars:
                     bar.close()
                 if monitor is not None:
                     monitor.mark(f"round {r + 1}, batch {bs}")
+                if lines is not None:
+                    lines.group_done(r, rounds, bs, len(group) * len(prompts))
 
 
 def model_info(model) -> dict:
@@ -289,42 +260,103 @@ def bench(model, specs: list[DecodeSpec], n: int, batch_sizes: list[int], qualit
     with governor.watching(model):
         out = _bench(model, specs, n, batch_sizes, quality_n, quality_batch, seed, log, warmup, quality_decoders,
                      fidelity_n, tolerance, rounds, price, devices, progress, sc, monitor)
-    return {"model": model.name, "device": label, "torch_device": str(dev),
-            "device_type": price.device_type, "devices": devices, "threads": governor.cap,
-            "threads_given_up": governor.report(), "price": dataclasses.asdict(price),
-            "model_info": model_info(model)} | out
+    res = {"model": model.name, "device": label, "torch_device": str(dev),
+           "device_type": price.device_type, "devices": devices, "threads": governor.cap,
+           "threads_given_up": governor.report(), "price": dataclasses.asdict(price),
+           "model_info": model_info(model)} | out
+    if res.get("interrupted"):
+        raise BenchInterrupted(res)
+    return res
 
 
 def _bench(model, specs, n, batch_sizes, quality_n, quality_batch, seed, log, warmup, quality_decoders,
            fidelity_n, tolerance, rounds, price, devices, progress, sc, monitor) -> dict:
-    """The bench's decoding, under its thread governor (`bench`)."""
+    """The bench's decoding, under its thread governor (`bench`), said first (bench/workload.py). A Ctrl-C keeps
+    what was measured: the cells' whole rounds, ranked as ever, and where it stopped (`interrupted`)."""
     from ssdgen.reference.prompts import eval_prompts, eval_seed
     named = row_names(specs, DecodeSpec("ar", (), sc))
     decs = list(dict.fromkeys(spec for _, spec, _ in named))  # each spec once: heads, plans, quality, fidelity
     built = {spec: build(spec, model) for spec in decs}  # heads loaded once; missing heads fail before any decode
+    scored = [s for s in decs if quality_decoders is None or s in quality_decoders]
+    work = workload(named, scored, decs, n, len(batch_sizes), rounds, quality_n, fidelity_n)
+    log(work.line())
     rows_ = eval_prompts(n)
     prompts = [r["prompt"] for r in rows_]
     seeds = [eval_seed(seed, r["seed"]) for r in rows_]
-    if warmup:
-        for spec in decs:
-            built[spec].resolve(prompts[:1], seeds[:1], 1).decode(prompts[:1], seeds[:1])
+    done = _Measured()
+    try:
+        if warmup:
+            log(estimate_line(work, _warm_up(model, built, prompts, seeds)))
+        done.phase = "calibration"
+        done.tallies = _cells(model, named, built, prompts, seeds, batch_sizes, log)
+        monitor.mark("calibration")
+        log(f"timing {len(done.tallies)} cells ({len(named) - 1} decoders and an AR control x {len(batch_sizes)} "
+            f"batch sizes) in {rounds} interleaved rounds of {n} prompts each")
+        done.phase = "timing"
+        off_terminal = progress is False or (progress is None and not sys.stdout.isatty())
+        lines = RoundLines(log, work.total("timed"), work.total("quality") + work.total("fidelity")) \
+            if off_terminal else None
+        time_rounds(done.tallies, prompts, seeds, rounds, monitor, progress, lines)
+        done.rows, done.floor = _speed_rows(done.tallies, price, devices, log)
+        done.phase = "quality"
+        if quality_n:
+            _add_quality(model, decs, done.rows, quality_decoders, quality_n, quality_batch, seed, log)
+        done.phase = "fidelity"
+        done.samples = _add_fidelity(model, decs, done.rows, fidelity_n, quality_batch, seed, tolerance, log) \
+            if fidelity_n else None
+        done.phase = None
+    except KeyboardInterrupt:  # what was measured is kept: the cells' whole rounds and the phases done
+        done.stopped(price, devices, log)
+    return done.result(sc, rounds, n, monitor) \
+        | ({"samples": done.samples, "fidelity_n": fidelity_n, "tolerance": tolerance} if fidelity_n else {})
+
+
+def _warm_up(model, built: dict, prompts: list[str], seeds: list[int]) -> dict:
+    """One untimed image per decoder at batch 1 (allocator, thread pool; CUDA/cuBLAS start-up) -> {spec: its
+    seconds}, the pace the bench's first estimate is read at (a calibrated spec's plan not included)."""
+    took = {}
+    for spec, dec in built.items():
+        chosen = dec.resolve(prompts[:1], seeds[:1], 1)
+        t0 = time.perf_counter()
+        chosen.decode(prompts[:1], seeds[:1])
         _sync(model)
-    tallies = _cells(model, named, built, prompts, seeds, batch_sizes, log)
-    monitor.mark("calibration")
-    log(f"timing {len(tallies)} cells ({len(named) - 1} decoders and an AR control x {len(batch_sizes)} batch "
-        f"sizes) in {rounds} interleaved rounds of {n} prompts each")
-    time_rounds(tallies, prompts, seeds, rounds, monitor, progress)
-    rows, floor = _speed_rows(tallies, price, devices, log)
-    if quality_n:
-        _add_quality(model, decs, rows, quality_decoders, quality_n, quality_batch, seed, log)
-    samples = _add_fidelity(model, decs, rows, fidelity_n, quality_batch, seed, tolerance, log) \
-        if fidelity_n else None
-    from ssdgen.bench import noise
-    best = noise.best_batches(rows, floor["floor"] or 0.0)
-    return {"date": dt.date.today().isoformat(), "sampling": sc.__dict__, "rounds": rounds, "n": n,
-            "verdict": noise.verdict(rows, best, floor["floor"] or 0.0), "load": monitor.report(), "noise": floor,
-            "best": best, "rows": rows} \
-        | ({"samples": samples, "fidelity_n": fidelity_n, "tolerance": tolerance} if fidelity_n else {})
+        took[spec] = time.perf_counter() - t0
+    return took
+
+
+class _Measured:
+    """What the bench measured so far: its cells, then their rows and noise floor, then the samples; `phase`:
+    where it is (None once done)."""
+
+    def __init__(self):
+        self.phase: str | None = "warm-up"
+        self.tallies: list[SpeedTally] = []
+        self.rows: list[dict] | None = None
+        self.floor: dict = {"floor": None, "by_batch": []}
+        self.samples = None
+        self.rounds_done: int | None = None
+
+    def stopped(self, price, devices: int, log) -> None:
+        """After a Ctrl-C: the rows of the cells with a whole round (time_rounds dropped the one in progress)."""
+        if self.rows is None:
+            kept = [t for t in self.tallies if t.round_seconds]
+            self.rounds_done = min((len(t.round_seconds) for t in kept), default=0)
+            if kept:
+                self.rows, self.floor = _speed_rows(kept, price, devices, log)
+        self.phase = self.phase or "the end"
+        self.samples = None
+
+    def result(self, sc, rounds: int, n: int, monitor) -> dict:
+        from ssdgen.bench import noise
+        rows = self.rows or []
+        best = noise.best_batches(rows, self.floor["floor"] or 0.0)
+        verdict = noise.verdict(rows, best, self.floor["floor"] or 0.0) if rows else None
+        out = {"date": dt.date.today().isoformat(), "sampling": sc.__dict__, "rounds": rounds, "n": n,
+               "verdict": verdict, "load": monitor.report(), "noise": self.floor, "best": best, "rows": rows}
+        if self.phase is not None:
+            out["interrupted"] = {"phase": self.phase, "rounds_done": self.rounds_done,
+                                  "cells": len({(r["decoder"], r["batch_size"]) for r in rows})}
+        return out
 
 
 def _cells(model, named, built: dict, prompts, seeds, batch_sizes, log) -> list[SpeedTally]:

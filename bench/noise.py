@@ -102,7 +102,7 @@ def ranked(rows: list[dict]) -> list[dict]:
 BEST_COLS = ("batch_size", "images_per_s", "images_per_s_ci", "seconds_per_image", "usd_per_1k_images",
              "usd_per_1k_images_ci", "usd_per_1k_images_spot", "waste", "speedup_vs_ar", "speedup_vs_ar_ci",
              "plan_spec", "fidelity_of", "fidelity_n", "nll_gap", "nll_gap_ci", "indistinguishable",
-             "within_tolerance", "fd_to_ar", "fd_noise_floor")
+             "within_tolerance", "fd_to_ar", "fd_noise_floor", "lossless")
 
 
 def best_batches(rows: list[dict], floor: float = 0.0) -> list[dict]:
@@ -143,17 +143,39 @@ def verdict(rows: list[dict], best: list[dict], floor: float) -> dict:
         if judge(lo, hi, floor) == SAME:
             ties.append({"decoder": b["decoder"], "batch_size": b["batch_size"], "ratio": med, "ratio_ci": _ci(lo, hi)})
     planned_ar = sorted({r["decoder"] for r in rows if r.get("planned_as_ar")})
-    text = (f"cheapest: {top['decoder']} at batch {top['batch_size']}, ${_g(top['usd_per_1k_images'])} per 1k "
-            f"images {fmt_interval(top.get('usd_per_1k_images_ci'))}, {_g(top['images_per_s'])} images/s "
+    by_name = {b["decoder"]: b for b in best}
+    text = (f"cheapest: {top['decoder']} at batch {top['batch_size']}{caveat(top)}, ${_g(top['usd_per_1k_images'])} "
+            f"per 1k images {fmt_interval(top.get('usd_per_1k_images_ci'))}, {_g(top['images_per_s'])} images/s "
             f"{fmt_interval(top.get('images_per_s_ci'))}")
     text += ("; cannot be told apart from it: " + ", ".join(
-        f"{t['decoder']} at batch {t['batch_size']} ({_g(t['ratio'])}x {fmt_interval(t['ratio_ci'])})" for t in ties)
+        f"{t['decoder']} at batch {t['batch_size']}{caveat(by_name[t['decoder']])} ({_g(t['ratio'])}x "
+        f"{fmt_interval(t['ratio_ci'])})" for t in ties)
         if ties else "; every other configuration is measurably slower")
+    if caveat(top) and (safe := [b for b in best if not caveat(b)]):  # what the user can take as it is
+        alt = max(safe, key=lambda b: b["images_per_s"])
+        text += (f"; cheapest exact or measured within tolerance: {alt['decoder']} at batch {alt['batch_size']}, "
+                 f"${_g(alt['usd_per_1k_images'])} per 1k images")
     if planned_ar:
         text += f"; planned as plain AR (not ranked there): {', '.join(planned_ar)}"
     return {"cheapest": {k: top.get(k) for k in ("decoder", "batch_size", "images_per_s", "images_per_s_ci",
                                                   "usd_per_1k_images", "usd_per_1k_images_ci")},
-            "indistinguishable": ties, "noise_floor": floor, "text": text}
+            "indistinguishable": ties, "noise_floor": floor, "text": text,
+            "unverified": [b["decoder"] for b in best if caveat(b)]}
+
+
+def caveat(b: dict) -> str:
+    """What the verdict must say of a lossy configuration beside its name (#49: "cheapest: csd" with
+    --fidelity-n 0 said nowhere but at the foot of the page that csd's images were never compared with ar's):
+    no fidelity measured, or an NLL gap outside the tolerance. "" for a lossless one (`lossless`, the spec's own
+    word: exact by construction), one measured within the tolerance, or a row from before rows said."""
+    if b.get("lossless") is not False:
+        return ""
+    if b.get("nll_gap") is None:
+        return " (lossy, and its fidelity to ar was not measured: --fidelity-n 0; measure it before using it)"
+    if b.get("within_tolerance") is False:
+        return (f" (lossy: NLL gap to ar {b['nll_gap']:+.3f} nats/token {fmt_interval(b.get('nll_gap_ci'))}, "
+                "outside the tolerance)")
+    return ""
 
 
 def _g(v: float) -> str:

@@ -118,6 +118,16 @@ class DecodeSpec:
         return cfg is not None and cfg.calibrated
 
     @property
+    def lossless(self) -> bool:
+        """Whether its tokens are samples of plain AR's distribution by construction: AR, and the window loop with
+        the exact rule (no relaxation, or one that relaxes nothing: lam or delta 0). CSD's relaxation and the block
+        decoder (commit=block, which commits whole blocks) are lossy: only a fidelity measurement says how far."""
+        cfg = self.config()
+        if cfg is None:
+            return True
+        return self.recipe.loop != "block" and not cfg.relax.active
+
+    @property
     def label(self) -> str:
         """The decoder and its parameters, without sampling: how tables name a row (`csd:lam=0.5`)."""
         heads = f":heads={self.heads}" if self.heads else ""

@@ -47,16 +47,26 @@ def test_a_faster_speculative_decoder_shows_a_ratio_above_one():
     assert best["ssd:window=4"]["vs_ar_best"] == pytest.approx(1.2)
 
 
-def test_the_console_prints_the_best_batch_first(capsys):
+def test_the_console_prints_the_best_batch_first_in_aligned_columns(capsys):
+    """#49: the tables were raw field names over unaligned, |-separated values; now readable headers over columns
+    that line up (bench/tables.py)."""
     from ssdgen.cli.decode import _echo_bench
     _echo_bench({"best": best_batches(ROWS), "rows": ROWS})
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("best batch per decoder")
-    assert "vs_ar_best" in out[1] and out[2].startswith("ar | 64 | 30 | 1 |")
-    assert out[3].startswith("ssd+csd | 16 | 12 | 0.4 |") and "[-0.01, 0.05]" in out[3]
-    table = [i for i, line in enumerate(out) if line.startswith("decoder | batch_size |")][1]
-    assert table > 3 and "waste" in out[table]
-    assert "seconds_per_image" not in out[table]  # no empty column: these rows carry none
+    head, ar, ssd = out[1:4]
+    assert head.split()[:4] == ["decoder", "best", "batch", "images"] and "vs ar's best" in head
+    assert "vs_ar_best" not in head and "|" not in head + ar
+    assert ar.split()[:4] == ["ar", "64", "30", "1"] and ssd.split()[:4] == ["ssd+csd", "16", "12", "0.4"]
+    assert "[-0.01, 0.05]" in ssd
+    # aligned: each number ends where its header ends (right-aligned), the names start at the left edge
+    for header, value in (("best batch", "64"), ("images / s", "30")):
+        assert ar.index(value) + len(value) == head.index(header) + len(header)
+    table = [i for i, line in enumerate(out) if line.split()[:2] == ["decoder", "batch"]][0]
+    assert table > 3 and "computed / committed" in out[table]
+    assert "s / image" not in out[table]  # no empty column: these rows carry none
+    end = out[table].index("images / s") + len("images / s")
+    assert [line[end - 2:end] for line in out[table + 1:]] == [" 2", " 4", "20", "12", "30", " 9", "25"]
 
 
 def test_the_page_leads_with_the_best_batch():

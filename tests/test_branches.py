@@ -175,7 +175,7 @@ def test_the_exact_test_catches_a_broken_candidate_rule(tiny, ar_samples, monkey
 
 
 def test_the_bench_counts_a_branched_decoders_entries(tiny):
-    from ssdgen.bench.decode import ForwardCounter
+    from ssdgen.bench.forwards import ForwardCounter
     with ForwardCounter(tiny) as c:
         res = decode("sjd", tiny, PROMPTS[:2], [0, 1], SAMPLED, {"window": 6, "coupled": True, "branches": 3})
     assert c.step_tokens == sum(s.tokens_fed for s in res.stats) - 2 * 2  # the prefill's position is not a step's

@@ -77,32 +77,10 @@ def _batch_sizes(text: str) -> list[int]:
         raise ValueError(f"--batch-sizes must be comma-separated integers, got {text!r}") from None
 
 
-BEST_COLS = ("decoder", "batch_size", "images_per_s", "images_per_s_ci", "vs_ar_best", "vs_ar_best_ci",
-             "vs_ar_best_verdict", "usd_per_1k_images", "usd_per_1k_images_ci", "usd_per_1k_images_spot", "waste",
-             "nll_gap", "nll_gap_ci", "within_tolerance", "latency_batch1_s")
-ROW_COLS = ("decoder", "batch_size", "forwards_per_image", "tokens_per_forward", "waste", "images_per_s",
-            "images_per_s_ci", "speedup_vs_ar", "speedup_vs_ar_ci", "speedup_vs_ar_verdict", "usd_per_1k_images",
-            "planned_as", "nll_gap", "scene_accuracy", "object_accuracy", "fd")
-
-
-def _cell(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, (list, tuple)):  # an interval
-        return "[" + ", ".join(_cell(x) for x in v) + "]"
-    return "" if v is None else str(v)
-
-
-def _echo_table(cols: tuple[str, ...], rows: list[dict]) -> None:
-    cols = tuple(c for c in cols if any(r.get(c) is not None for r in rows))  # no empty columns
-    typer.echo(" | ".join(cols))
-    for r in rows:
-        typer.echo(" | ".join(_cell(r.get(c)) for c in cols))
-
-
 def _echo_bench(res: dict) -> None:
     """The verdict first (the cheapest configuration at its best batch and what cannot be told apart from it),
     then the load warnings, each decoder at its best measured batch size, and every decoder and batch size."""
+    from ssdgen.bench.tables import BEST_COLS, ROW_COLS, text_table
     if res.get("verdict"):
         typer.echo(f"verdict: {res['verdict']['text']}")
     noise = res.get("noise") or {}
@@ -116,10 +94,40 @@ def _echo_bench(res: dict) -> None:
     if (res.get("price") or {}).get("unit"):
         from ssdgen.output.cost import price_words
         typer.echo(f"price: {price_words(res['price'])} x {res.get('devices')} {res['price']['unit']}(s)")
+    if not res["rows"]:
+        return
     typer.echo("best batch per decoder (the most images/s among the batch sizes measured; latency at batch 1)")
-    _echo_table(BEST_COLS, res.get("best", []))
+    typer.echo("\n".join(text_table(res.get("best", []), BEST_COLS)))
     typer.echo("")
-    _echo_table(ROW_COLS, res["rows"])
+    typer.echo("\n".join(text_table(res["rows"], ROW_COLS)))
+
+
+def _bench_or_stop(run) -> dict:
+    """The bench's result; after a Ctrl-C, the verdict of what it timed and its own line, exit 130 (it printed
+    generate's "interrupted before the run started; nothing was committed" and dropped the verdict)."""
+    from ssdgen.bench.decode import BenchInterrupted
+    try:
+        return run()
+    except BenchInterrupted as e:
+        _echo_bench(e.result)
+        typer.echo(f"\n{_interrupted_line(e.result)}", err=True)
+        raise typer.Exit(130)
+    except KeyboardInterrupt:  # while the model loaded
+        typer.echo("\ninterrupted: the bench stopped before it decoded anything; nothing written", err=True)
+        raise typer.Exit(130)
+
+
+def _interrupted_line(res: dict) -> str:
+    """The bench's Ctrl-C line: where it stopped and what the lines above it rest on."""
+    stop = res["interrupted"]
+    if not res["rows"]:
+        return f"interrupted: the bench stopped in its {stop['phase']}, before any cell was timed; nothing written"
+    done = (f"{stop['cells']} cells, {stop['rounds_done']} whole round(s) each" if stop["rounds_done"] is not None
+            else f"all {stop['cells']} cells, every round")
+    skipped = {"timing": "quality and fidelity not measured", "quality": "quality and fidelity not (all) measured",
+               "fidelity": "fidelity not measured"}.get(stop["phase"], "")
+    return (f"interrupted: the bench stopped in its {stop['phase']}; the verdict above is from {done}"
+            + (f"; {skipped}" if skipped else "") + "; --json and --html not written")
 
 
 def _check_counts(n: int, quality_n: int, fidelity_n: int, quality_batch: int, rounds: int, tolerance: float) -> None:
@@ -183,9 +191,10 @@ def bench_cmd(decoders: str = typer.Option("ar,sjd,csd",
     from ssdgen.output.cost import price_from
     price = price_from(device_type, prices, usd_per_hour, spot_usd_per_hour)  # bad values: one line, before the load
     resolve_device(device, device_type, price)
-    res = bench(model_on(model, device, dtype), specs, n, sizes, quality_n, seed=seed, log=typer.echo,
-                device_type=device_type, quality_decoders=chosen, fidelity_n=fidelity_n, tolerance=tolerance,
-                quality_batch=quality_batch, rounds=rounds, price=price)
+    res = _bench_or_stop(lambda: bench(
+        model_on(model, device, dtype), specs, n, sizes, quality_n, seed=seed, log=typer.echo,
+        device_type=device_type, quality_decoders=chosen, fidelity_n=fidelity_n, tolerance=tolerance,
+        quality_batch=quality_batch, rounds=rounds, price=price))
     samples = res.pop("samples", None)  # images: for the page, not the JSON
     _echo_bench(res)
     if json_path:

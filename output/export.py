@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+from collections import Counter
 
 import fsspec
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ssdgen.formats import FORMATS, check_export_format
@@ -42,26 +44,30 @@ def export(url: str, to: str, fmt: str = "parquet", fresh: bool = False) -> dict
     if not man:
         raise FileNotFoundError(f"{url}: no committed shards yet")
     conf = src.read_config()
-    sizes, rows = [], 0
+    sizes, rows, table_bytes = [], 0, 0
     for m in man:
-        size, n = _shard(src, m, f, conf["shard_size"], dst)
+        size, n, in_table = _shard(src, m, f, conf["shard_size"], dst)
         sizes.append(size)
         rows += n
+        table_bytes += in_table or 0
         if f.stats_export_name is not None:
             sizes.append(_copy(src, m["stats_url"], m["stats_sha256"], dst, dst.path(f.stats_export_name(int(
                 m["shard"])))))
     schema = _schema(dst, dst.path(f.export_name(int(man[0]["shard"])))) if f.stats_export_name is None else None
-    text = card(src, conf, f, man, schema, rows if schema is not None else None).encode()
+    one_table = schema is not None  # the card gives the table's rows and bytes (hf)
+    text = card(src, conf, f, man, schema, rows if one_table else None,
+                (table_bytes, sum(sizes)) if one_table else None, _licenses(src, conf, man)).encode()
     dst.store.fs.pipe_file(dst.path(CARD), text)
     return {"shards": len(man), "files": len(sizes) + 1, "bytes": sum(sizes) + len(text), "rows": rows, "to": to}
 
 
-def _shard(src: Output, m: dict, f, shard_size: int, dst: Output) -> tuple[int, int]:
-    """A committed shard's file in format `f` in the export folder: copied, or built -> (bytes, rows)."""
+def _shard(src: Output, m: dict, f, shard_size: int, dst: Output) -> tuple[int, int, int | None]:
+    """A committed shard's file in format `f` in the export folder: copied, or built -> (bytes, rows, its size
+    as an Arrow table, for a built Parquet file; else None)."""
     shard, path = int(m["shard"]), dst.path(f.export_name(int(m["shard"])))
     col, sha = f.manifest_columns
     if f.run and m.get(col) is not None:
-        return _copy(src, m[col], m[sha], dst, path), int(m["rows"])
+        return _copy(src, m[col], m[sha], dst, path), int(m["rows"]), None
     if m.get("images_url") is not None:
         return _build(src, m, f, shard_size, dst, path)
     has = [g.name for g in FORMATS.values() if m.get(g.manifest_columns[0]) is not None]
@@ -91,16 +97,33 @@ def _copy(src: Output, url: str, sha256: str, dst: Output, path: str) -> int:
     return n
 
 
-def _build(src: Output, m: dict, f, shard_size: int, dst: Output, path: str) -> tuple[int, int]:
+def _build(src: Output, m: dict, f, shard_size: int, dst: Output, path: str) -> tuple[int, int, int | None]:
     """A committed shard's file in format `f`, built from its images Parquet as the flow builds it -> (bytes,
-    rows)."""
+    rows, its size as a table where it is Parquet: the card's `num_bytes`)."""
     schema = run_images_schema(src, [m["images_url"]])  # with the input columns the run kept
     images = read_columns(src, [m["images_url"]], schema, schema.names)
     stats = read_columns(src, [m["stats_url"]], STATS_SCHEMA, STATS_SCHEMA.names)
     data, rows = f.encode(int(m["shard"]), images, stats, shard_size)
     _parent(dst, path)
     dst.store.fs.pipe_file(path, data)
-    return len(data), rows
+    return len(data), rows, _table_bytes(data)
+
+
+def _table_bytes(data: bytes) -> int | None:
+    """A built Parquet file's size as an Arrow table, read back from memory: what `datasets` counts as a split's
+    `num_bytes`; None for a file that is not Parquet (a tar)."""
+    return pq.read_table(pa.BufferReader(data)).nbytes if data[:4] == b"PAR1" else None
+
+
+def _licenses(src: Output, conf: dict, man: list[dict]) -> dict[str, int]:
+    """{license: rows} of the rows' `license` input column where the run kept one (any case), read from the
+    committed images Parquet; {} without the column or the files (a WebDataset-only run)."""
+    col = next((c for c in conf.get("columns") or [] if c.lower() == "license"), None)
+    urls = [m["images_url"] for m in man if m.get("images_url")]
+    if col is None or not urls:
+        return {}
+    values = read_columns(src, urls, run_images_schema(src, urls), [col]).column(col).to_pylist()
+    return dict(Counter(str(v).strip() for v in values if v is not None and str(v).strip()))
 
 
 def _parent(out: Output, path: str) -> None:

@@ -33,7 +33,9 @@ def _check_hf(folder, tmp_path, want):
     features = {f["name"]: f for f in head["dataset_info"]["features"]}
     assert features["image"] == {"name": "image", "dtype": "image"} and features["license"]["dtype"] == "string"
     assert features["tokens"] == {"name": "tokens", "sequence": {"dtype": "int32"}}
-    assert head["dataset_info"]["splits"] == [{"name": "train", "num_examples": len(want)}]
+    (split,) = head["dataset_info"]["splits"]  # with num_bytes: `datasets` reads it (tests/test_export_card.py)
+    assert split["name"] == "train" and split["num_examples"] == len(want) and split["num_bytes"] > 0
+    assert head["license"] == "other" and "`cc-by-0` (1 input row)" in body  # a license per row: listed
     assert "6 prompts, 6 images, 0 failed" in body and "`ar:cfg=3.0" in body and "(6 rows)" in body
     assert "reference" in body and "Not measured in this run" in body
 

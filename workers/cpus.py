@@ -270,3 +270,9 @@ class RunLoad:
                        + ": its images/s and cost per image are worse than this machine's quiet figures")
         return {"seconds": self.wall_s, "cores": cores, "other_cores_mean": mean, "other_cores_worst": self.worst,
                 "steal_share": steal, "warning": warning}
+
+
+def governed(model):
+    """`with governed(model):` decodes in this process under a ThreadGovernor with the machine's CPUs (the user's
+    thread count wins): `ssdgen sample`, `ssdgen eval`, `ssdgen.sample`."""
+    return ThreadGovernor(ThreadPolicy.from_env()).watching(model)

@@ -48,10 +48,12 @@ def sample(prompts: Optional[list[str]] = typer.Argument(None, help="captions to
     batch = [p for p in captions for _ in range(n)]
     seeds = [seed + i for i in range(len(batch))]
     m.validate_prompts(batch)
-    dec = build(spec, m).resolve(batch, seeds, len(batch))  # a calibrated spec: planned on this batch
-    if dec.plan is not None:
-        typer.echo(f"{decoder} planned on this device: {dec.plan.why}; decoding as {dec}")
-    res = dec.decode(batch, seeds)
+    from ssdgen.workers.cpus import governed
+    with governed(m):  # threads follow what other processes leave (workers/cpus.py)
+        dec = build(spec, m).resolve(batch, seeds, len(batch))  # a calibrated spec: planned on this batch
+        if dec.plan is not None:
+            typer.echo(f"{decoder} planned on this device: {dec.plan.why}; decoding as {dec}")
+        res = dec.decode(batch, seeds)
     grid = _sample_grid(m.decode_images(res.tokens).numpy(), batch, seeds, n)
     out.parent.mkdir(exist_ok=True)
     grid.save(out)
@@ -382,7 +384,9 @@ def eval_cmd(decoder: str = DECODER, n: int = typer.Option(1024, help="eval prom
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     check_out_files({"--json": json_path})
     m = model_on(model, device, dtype)
-    res = evaluate(m, spec, n, batch_size, seed)
+    from ssdgen.workers.cpus import governed
+    with governed(m):  # threads follow what other processes leave (workers/cpus.py)
+        res = evaluate(m, spec, n, batch_size, seed)
     rep = res["scorer"]
     typer.echo(f"model {res['model']}  decoder {spec}  n {res['n']}  batch {batch_size}  seed {seed}")
     if res["measurements"] is not None:  # a fall-back to plain AR is reported, never silent

@@ -140,7 +140,10 @@ def serve(settings: RunSettings, cron: str = typer.Option("0 2 * * *", help="sch
             why = type(exc).__name__ + "".join(f": {line}" for line in str(exc).splitlines()[:1])  # one line
             raise NoPrefectServer(f"the Prefect API at PREFECT_API_URL={api} does not answer ({why}); start it "
                                   "with 'prefect server start'")
-    flow.serve(name=name, cron=cron, parameters={"settings": settings.model_dump(mode="json"), "progress": False})
+    from ssdgen.cli.prefect_logs import one_line_reconnects
+    with one_line_reconnects():  # a Prefect server's restart is one warning line, not a traceback
+        flow.serve(name=name, cron=cron, parameters={"settings": settings.model_dump(mode="json"),
+                                                     "progress": False})
 
 
 def _price_option(name: str):

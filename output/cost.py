@@ -400,9 +400,14 @@ def cost_table(summary: dict) -> list[dict]:
         ("shards", f"{summary['shards']:,}"),
         ("images ok", f"{summary['images_ok']:,}"),
         ("images failed", f"{summary['images_failed']:,}"),
-        ("wall time (this run)", _num(summary["wall_s"], ",.1f", " s")),
-        ("images/s (this run, wall clock)", _num(summary["images_per_s"], ",.3f")),
-        ("images/s (this run, after startup)", _num(summary.get("images_per_s_steady"), ",.3f")),
+        # end to end: from the command's start, start-up included, as the user waited (#49); then the flow's own
+        *([("wall time (end to end)", _num(summary["wall_s_end_to_end"], ",.1f", " s")),
+           ("images/s (end to end)", _num(summary["images_per_s_end_to_end"], ",.3f")),
+           ("start-up (end to end)", _num(summary["startup_s_end_to_end"], ",.1f", " s"))]
+          if summary.get("wall_s_end_to_end") is not None else []),
+        ("wall time (the flow, this run)", _num(summary["wall_s"], ",.1f", " s")),
+        ("images/s (the flow, wall clock)", _num(summary["images_per_s"], ",.3f")),
+        ("images/s (the flow, after startup)", _num(summary.get("images_per_s_steady"), ",.3f")),
         (f"images/s per {unit} (every shard)", _num(summary["images_per_s_per_device"], ",.3f")),
         (f"{unit}-seconds allocated", _num(summary["device_seconds_allocated"])),
         (f"{unit}-seconds busy", _num(summary["device_seconds_busy"])),

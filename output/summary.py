@@ -50,12 +50,15 @@ def unlisted_line(shards: list[int]) -> str:
 def this_run(cfg, ran: dict, wall_s: float, shards_total: int, redecoded: list[int], removed: int,
              plan: dict | None) -> dict:
     """What the run measured of itself. cfg: its settings (flows.settings.RunSettings); ran: what its pool did
-    (flows.pipeline: images, commits, startup_s, failed, commit_latency_s, interrupted, batch_size); redecoded:
-    the damaged shards it set aside; removed: the attempts its gc removed; plan: `_plan.json`."""
+    (flows.pipeline: images, commits, startup_s, failed, commit_latency_s, interrupted, batch_size, before_flow_s:
+    the command's seconds before the flow); redecoded: the damaged shards it set aside; removed: the attempts its
+    gc removed; plan: `_plan.json`. wall_s is the flow's; the end-to-end figures add what came before it."""
     images, startup_s = ran["images"], ran["startup_s"]
     steady = wall_s - startup_s  # start-up (plan, Ray, actors, model loads) is paid once; steady state is not
+    end_to_end = wall_s + ran.get("before_flow_s", 0.0)  # from the command's start, as the user waited
     return {"images_this_run": images, "images_per_s": images / wall_s if wall_s > 0 else None,
-            "startup_s": startup_s,
+            "startup_s": startup_s, "wall_s_end_to_end": end_to_end, "startup_s_end_to_end": end_to_end - steady,
+            "images_per_s_end_to_end": images / end_to_end if end_to_end > 0 else None,
             "images_per_s_steady": images / steady if ran["commits"] and steady > 0 else None,
             "out": cfg.out, "shards_total": shards_total, "shards_run_now": ran["commits"],
             "shards_failed": {str(k): v for k, v in ran["failed"].items()}, "shards_redecoded": redecoded,

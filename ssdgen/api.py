@@ -37,10 +37,13 @@ def generate(prompts, out: str, *, overwrite: bool = False, progress: bool = Fal
     by name (decoder="ar", shard_size=256, actors=2, keep_columns=("license",), ...; `ssdgen generate -h`).
     Resumable: the same call again decodes only what is not committed. Prefect runs as under the CLI: without a
     configured API, a temporary server started before Prefect is imported (flows/prefect_server.py)."""
+    import time
+
     from ssdgen.flows.prefect_server import temporary_api
     from ssdgen.flows.run import run
+    started = time.time()  # the call's start: the summary's end-to-end figures count from it
     return run(_settings(prompts, out, settings), overwrite=overwrite, progress=progress, say=print,
-               around=temporary_api)
+               around=temporary_api, started=started)
 
 
 def sample(prompts, n: int = 1, *, seed: int = 0, decoder: str = "ssd+csd", model: str | None = None,

@@ -69,6 +69,12 @@ def test_generate_from_python_then_status_json_dry_run_and_sample(tmp_path):
     s = api.generate(prompts=str(tmp_path / "p.parquet"), out=out, decoder="ar", shard_size=3, batch_size=3,
                      actors=1)
     assert s["images_ok"] == 6 and s["shards_committed"] == 2
+    # #49: end to end, from the call's start (Prefect, Ray, the model loads and the flow's own start included)
+    recorded = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert recorded["wall_s_end_to_end"] >= recorded["wall_s"] > 0
+    assert recorded["startup_s_end_to_end"] >= recorded["startup_s"] > 0
+    assert s["wall_s_end_to_end"] >= recorded["wall_s_end_to_end"]  # returned: to the call's end
+    assert s["images_per_s_end_to_end"] == pytest.approx(6 / s["wall_s_end_to_end"])
     again = api.generate(prompts=[str(tmp_path / "p.parquet")], out=out, decoder="ar", shard_size=3, batch_size=3,
                          actors=1)
     assert again["shards_run_now"] == 0 and again["images_ok"] == 6  # nothing to do: the recorded totals

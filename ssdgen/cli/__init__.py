@@ -5,6 +5,9 @@ measure commands (decode.py), the listings (catalog.py), and the parsing of opti
 import os as _os
 import signal as _signal
 import sys as _sys
+import time as _time
+
+_ENTERED = _time.time()  # first: a run's end-to-end figures count from the command's start (#49), imports included
 
 
 def _interrupted_while_starting(signum, frame):
@@ -17,9 +20,17 @@ def _interrupted_while_starting(signum, frame):
 
 # the very first thing the `ssdgen` script (ssdgen.cli:main) or `python -m ssdgen.cli` runs ("-m" while the module
 # is located); main() hands SIGINT back to Python. A program that imports the CLI (a notebook, pytest) keeps its own.
-if _sys.argv and (_sys.argv[0] == "-m" or _os.path.basename(_sys.argv[0]) in ("ssdgen", "ssdgen.exe")):
+_COMMAND = bool(_sys.argv) and (_sys.argv[0] == "-m" or _os.path.basename(_sys.argv[0]) in ("ssdgen", "ssdgen.exe"))
+if _COMMAND:
     _signal.signal(_signal.SIGINT, _interrupted_while_starting)
+
+
+def started() -> float | None:
+    """When this `ssdgen` process entered the CLI (a Unix time, before its imports), or None where a program
+    imported the CLI (a notebook, a test's CliRunner): a command then counts from its own start."""
+    return _ENTERED if _COMMAND else None
+
 
 from ssdgen.cli.app import app, main  # noqa: E402 - after the handler, on purpose
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "started"]

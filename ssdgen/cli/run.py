@@ -67,8 +67,9 @@ def _print_dry_run(cfg) -> None:
 
 def _run(cfg, overwrite: bool, progress: bool) -> None:
     """The run (flows.run: checks first, then the flow unless nothing is left to do), and its summary printed."""
+    from ssdgen.cli import started
     from ssdgen.flows.run import run
-    summary = run(cfg, overwrite, progress, say=typer.echo, around=flow_console)
+    summary = run(cfg, overwrite, progress, say=typer.echo, around=flow_console, started=started())
     if "images_ok" in summary:  # a run that finished without a summary.json has nothing more to say
         _print_summary(summary)
 

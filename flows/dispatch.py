@@ -53,6 +53,9 @@ class Dispatcher:
         commit = Commit(cfg, out, decoder or str(cfg.decoder), guard, lambda: self.inflight.aborted, planning_s)
         self.io = IOPool(cfg, files, self.io_threads, self.events.put, commit.write)
         self.commits = self.images = 0
+        # rows whose batches came back decoded, and rows of shards that committed (ours, or another attempt's): the
+        # difference is what an interrupt or a failed shard throws away, decoded again on resume
+        self.decoded = self.settled = 0
         # driver seconds from a shard's last batch coming back to its commit being visible: count, sum, max
         self.write_n, self.write_total, self.write_max = 0, 0.0, 0.0
         self.thread = threading.Thread(target=self._loop, name="ssdgen-dispatch", daemon=True)
@@ -74,6 +77,12 @@ class Dispatcher:
         """Stop now (Ctrl-C, SIGTERM): every shard alive ends with `exc`, uncommitted; safe from a signal
         handler (it only queues an event)."""
         self.events.put(Abort(exc))
+
+    @property
+    def uncommitted(self) -> int:
+        """Images decoded this run whose shard did not commit (an interrupt, a failed write): the next run decodes
+        them again. Read after `close`, or as a snapshot."""
+        return self.decoded - self.settled
 
     def close(self) -> None:
         self.inflight.close()
@@ -135,6 +144,7 @@ class Dispatcher:
         job.refs.pop(i, None)
         if (exc := fut.exception()) is not None:
             return self.health.death(job, exc) if is_death(exc) else self.inflight.finish(job, exc=exc)
+        self.decoded += len(job.batches[i])
         if self.bar is not None:
             self.bar.update(len(job.batches[i]))
         if job.take(i, fut.result()):
@@ -143,6 +153,7 @@ class Dispatcher:
 
     def _on_written(self, job: Job, marker: Marker | None, write_s: float) -> None:
         self.done[job.shard.id] = 1  # ours, or another attempt's that won the commit
+        self.settled += len(job.rows)
         if marker is not None:
             self.commits += 1
             self.images += marker.ok

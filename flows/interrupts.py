@@ -2,8 +2,9 @@
 
     first signal    the window abandons its in-flight shards (nothing more commits; a rerun decodes them again),
                     the actors and the local Ray stop, the manifest and summary are written, the flow fails with
-                    `Interrupted`, and the CLI prints `interrupted: N/M shards committed; run the same command to
-                    resume` and exits 128 + the signal (130 for SIGINT, 143 for SIGTERM)
+                    `Interrupted`, and the CLI prints `interrupted: N/M shards committed[; K decoded images not
+                    committed (...)]; run the same command to resume` (K: images decoded in shards that did not
+                    commit, thrown away with them) and exits 128 + the signal (130 for SIGINT, 143 for SIGTERM)
     second signal,  now: the same line, every process this one started is killed, exit at once
     or 10 s later
 

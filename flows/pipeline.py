@@ -266,6 +266,8 @@ def _run_pending(cfg: RunSettings, prep: Prepared, progress: bool, t0: float, le
             disp = Dispatcher(cfg, files, out, actors, done, log, ACTOR_RESTART_WAIT_S, bar,
                               str(resolved or cfg.decoder), guard=lease.guard, planning_s=planning_s).start()
             stop.target = disp.interrupt  # from here a signal stops the window, not the main thread
+            if isinstance(stop.line, _StatusLine):  # the line then says what decoded images a stop throws away
+                stop.line.uncommitted = lambda: disp.uncommitted
             with _own_line(bar), load:
                 failed_groups = run_groups(RunContext(shards, done, disp), pending, len(shards))
             bar.close()
@@ -358,13 +360,19 @@ def execute(cfg: RunSettings, progress: bool = True, overwrite: bool = False, st
 
 
 class _StatusLine:
-    """The line a signal prints (flows.interrupts): what is committed, once the run knows."""
+    """The line a signal prints (flows.interrupts): what is committed, once the run knows, and what was decoded
+    and not committed, once the pool decodes (#49: the bar showed 8/32 and the line "0/4 shards committed")."""
     done: bytearray | None = None
+    uncommitted = None  # () -> images decoded this run whose shard did not commit (flows.dispatch)
 
     def __call__(self) -> str:
         if self.done is None:
             return "interrupted before any shard ran; run the same command to resume"
-        return f"interrupted: {self.done.count(1)}/{len(self.done)} shards committed; run the same command to resume"
+        lost = self.uncommitted() if self.uncommitted is not None else 0
+        thrown = (f"; {lost} decoded image{'s' if lost != 1 else ''} not committed (a shard commits whole: the "
+                  "same command decodes them again)") if lost else ""
+        return (f"interrupted: {self.done.count(1)}/{len(self.done)} shards committed{thrown}; run the same command "
+                "to resume")
 
 
 def _overwrite(out: Output, log, fence) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -237,6 +238,9 @@ def test_ctrl_c_stops_a_run_cleanly_a_second_driver_is_refused_and_a_rerun_compl
     last = stopped_cleanly(a, tmp_path / "a.log", 130, within=20)
     committed = len(list(out.glob("shards/*/_SUCCESS.json")))
     assert last.startswith(f"interrupted: {committed}/12 "), last
+    # #49: the images decoded in shards that did not commit are said (a shard commits whole), when there are any
+    assert re.fullmatch(r"interrupted: \d+/12 shards committed(; \d+ decoded images? not committed \(a shard commits "
+                        r"whole: the same command decodes them again\))?; run the same command to resume", last), last
     assert committed < 12 and not list(out.rglob("*.tmp-*"))
     assert "Interrupted: interrupted" not in (tmp_path / "a.log").read_text()
     st = json.loads(ssdgen("status", str(out), "--json").stdout)  # stopped shards are pending, not failed

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ssdgen.decoders.calibrate import choices
 from ssdgen.decoders.spec import DecodeSpec
+from ssdgen.output.durations import duration
 
 PHASES = ("timed", "quality", "fidelity")
 
@@ -77,15 +78,6 @@ def estimate_line(work: Workload, per_image: dict) -> str:
     if secs > 600 and (work.quality_n or work.fidelity_n):
         text += "; for a quick look: --n 8 --quality-n 0 --fidelity-n 0"
     return text
-
-
-def duration(seconds: float) -> str:
-    """Seconds for people: "40 s", "12 min", "1.5 h"."""
-    if seconds < 90:
-        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 @dataclass

@@ -58,7 +58,7 @@ from ssdgen.output.reader import read_plan_at
 from ssdgen.output.summary import committed_totals, this_run, unlisted_line, write_summary
 from ssdgen.output.damage import set_aside
 from ssdgen.workers.cpus import ThreadPolicy
-from . import cluster
+from . import cluster, machine_record
 from .dispatch import Dispatcher
 from .groups import RunContext, run_groups
 from .interrupts import Interrupted, StopSignals
@@ -406,9 +406,11 @@ def _summarize(cfg: RunSettings, prep: Prepared, ran: dict, wall: float) -> dict
     summary, fold = committed_totals(out, prep.price, wall, audit=cfg.audit > 0, known=prep.done)
     if fold.unlisted:
         log.warning(unlisted_line(fold.unlisted))
-    summary |= this_run(cfg, ran, wall, len(prep.shards), [d.shard for d in prep.damaged], removed, out.read_plan())
+    plan = out.read_plan()
+    summary |= this_run(cfg, ran, wall, len(prep.shards), [d.shard for d in prep.damaged], removed, plan)
     summary["audit"] = _audit(cfg, out, fold.audit, prep.price)
     summary["summary"] = write_summary(out, summary)
+    machine_record.save(cfg, summary, plan)  # what a later dry run with these settings estimates from
     _artifacts(summary, fold.errors, fold.reasons)
     return summary
 

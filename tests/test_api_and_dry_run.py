@@ -55,8 +55,8 @@ def test_a_dry_run_checks_everything_and_starts_and_writes_nothing(tmp_path):
             f"out={str(tmp_path / 'run')!r}, decoder='ar', shard_size=4)); "
             "import json; print(json.dumps([d['shards'], d['pending'], d['pending_rows'], d['seconds'], "
             "'prefect' in sys.modules, 'ray' in sys.modules and sys.modules['ray'].is_initialized()]))")
-    proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], env=cli_env(SSDGEN_CACHE=str(tmp_path / "cache")), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # a cache of its own: no earlier run's record
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.splitlines()[-1]) == [3, 3, 10, None, False, False]
     assert not (tmp_path / "run").exists()

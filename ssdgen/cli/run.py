@@ -55,14 +55,32 @@ def _print_dry_run(cfg) -> None:
     typer.echo(f"  decode plan: {plan['spec']} ({plan['why']})" if plan else
                f"  decode plan: {cfg.decoder} " + ("is decided once at the run's start" if cfg.decoder.calibrated
                                                    else "(concrete: no plan)"))
-    if d["seconds"] is None:
-        typer.echo(f"  time and cost: {d['rate_source']}")
+    _print_estimate(d)
+
+
+def _print_estimate(d: dict) -> None:
+    """The dry run's time and cost, with the digits that matter and where each figure comes from
+    (flows/dry_run.py)."""
+    from ssdgen.output.cost import usd
+    from ssdgen.output.durations import duration
+    start = (f"start-up {duration(d['startup_s'])} ({d['startup_source']})" if d["startup_s"] is not None
+             else d["startup_source"])
+    if not d["pending_rows"]:
+        rate = d["images_per_s_per_actor"]
+        typer.echo("  estimate: nothing left to decode" + (f" (the rate: {rate:.3g} images/s per actor, "
+                                                           f"{d['rate_source']})" if rate else ""))
         return
-    usd = d["usd"]
-    typer.echo(f"  estimate: {d['seconds'] / 60:.1f} min on {cfg.actors} actor(s) at "
-               f"{d['images_per_s_per_actor']:.2f} images/s each ({d['rate_source']}); ${usd['on_demand']:.4f} on "
-               f"demand" + (f", ${usd['spot']:.4f} spot" if usd["spot"] is not None else "")
-               + f" ({d['device_type']})")
+    if d["seconds"] is None:
+        typer.echo(f"  time and cost: {d['rate_source']}; {start}")
+        return
+    cost = d["usd"]
+    typer.echo(f"  estimate: about {duration(d['seconds'])} on {d['actors']} actor(s), start-up included")
+    typer.echo(f"    {start}")
+    typer.echo(f"    decoding {d['pending_rows']} prompts: {duration(d['decode_s'])} at "
+               f"{d['images_per_s_per_actor']:.3g} images/s per actor ({d['rate_source']})")
+    typer.echo(f"    cost: {usd(cost['on_demand'])} on demand" + (f", {usd(cost['spot'])} spot" if cost["spot"]
+                                                                  is not None else "")
+               + f" ({d['device_type']}; the actors' devices for the whole time)")
 
 
 def _run(cfg, overwrite: bool, progress: bool) -> None:

@@ -8,7 +8,10 @@ position-indexed: feeding a sample from an earlier index is its rollback, and to
 What a model offers beyond the protocol it declares as `capabilities` (a `Capabilities`), never probed: with
 `tree_attention` (the reference model) it also takes `step(..., tree=)`, a [B, S, S] mask of which entries each
 entry sees, and `copy_cache(src, dst, where)`, which moves cached keys and values between indices: proactive
-drafting's branches (decoders/window.py) need both; the window loop refuses them elsewhere. `heads`: where its
+drafting's branches (decoders/window.py) need both; the window loop refuses them elsewhere. With `admit`
+(continuous batching, decoders/slots.py) it takes `admit(rows, prompts, tokens, index, lengths)`: the prompts
+prefilled into cache rows `rows`, whose previous samples are done, packed into one forward with a step of the
+other rows. `heads`: where its
 own SSD heads are; `weights_digest`: its weights' checksum (heads and cached plans are for these weights only);
 `kv_bytes_per_sample(use_cfg)`: its caches' bytes per sample, which caps a batch (workers/decode_worker.py).
 A prompt the model cannot condition on is refused up front (`validate_prompts`) with a `PromptError`, whose
@@ -28,6 +31,7 @@ class Capabilities:
     """What a model offers beyond the protocol (module doc); the defaults: nothing more."""
 
     tree_attention: bool = False  # step(..., tree=) and copy_cache: proactive drafting's branches
+    admit: bool = False  # admit(...): a finished sample's cache row takes a new prompt mid-decode (slots.py)
     heads: str | None = None  # its own SSD heads (heads.safetensors + heads.json), if it ships any
     weights_digest: str | None = None  # the weights' checksum
     kv_bytes_per_sample: Callable[[bool], int] | None = None  # use_cfg -> bytes of one sample's caches
@@ -85,6 +89,15 @@ class ImageTokenModel(Protocol):
         """tokens, index [B, S] -> logits predicting index + 1, [B, S, V]. lengths [B] (optional): only row b's
         first lengths[b] entries are real, the rest padding whose outputs are junk; a model may skip computing
         them (a packed ragged step) or compute them anyway (None: every entry is real)."""
+
+    def admit(self, rows: torch.Tensor, prompts: list[str], tokens: torch.Tensor, index: torch.Tensor,
+              lengths: torch.Tensor) -> tuple[StepOutput, StepOutput]:
+        """With `capabilities.admit` only. Prefill `prompts` (with CFG, the unconditional branch too) into cache rows
+        `rows` [R], packed into one forward with a step of every row (tokens, index, lengths [B, S] and [B] as `step`
+        takes them; the rows in `rows` are replaced by their prompts, the rest feed their first lengths[b] entries,
+        and a row of length 0 feeds nothing). -> (the step's output [B, S], junk on the admitted rows; the prefills'
+        output for index 0 [R, 1], as `start` gives it). A row's earlier keys past its prompt are never read: each
+        index is written before the first query that sees it."""
 
     def embed(self, tokens: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Input embeddings of image tokens at indices, [B, S, D]."""

@@ -77,7 +77,8 @@ class ReferenceModel:
     def capabilities(self) -> Capabilities:
         """Tree attention (step takes tree=, copy_cache moves a branch's keys: decoders/window.py), its own
         heads, its weights' digest and its caches' size (decoders/protocol.py)."""
-        return Capabilities(tree_attention=True, heads=None if self.default_heads is None else str(self.default_heads),
+        return Capabilities(tree_attention=True, admit=True,
+                            heads=None if self.default_heads is None else str(self.default_heads),
                             weights_digest=self.weights_digest, kv_bytes_per_sample=self.cache_bytes_per_sample,
                             kv_dtype=str(self.kv_dtype).removeprefix("torch."))
 
@@ -92,6 +93,37 @@ class ReferenceModel:
             tree = None if tree is None else tree.repeat(2, 1, 1)
         logits, hidden = self.gpt(tokens, pos, lengths, tree)
         return self._split(logits, hidden)
+
+    @torch.no_grad()
+    def admit(self, rows: torch.Tensor, prompts: list[str], tokens: torch.Tensor, index: torch.Tensor,
+              lengths: torch.Tensor | None) -> tuple[StepOutput, StepOutput]:
+        """Continuous batching (decoders/protocol.py `admit`, decoders/slots.py): the prompts' captions fed at
+        positions 0 .. C - 1 of cache rows `rows` [R], in one ragged forward with the other rows' step (tokens,
+        index [B, S], lengths [B]; None: all S). Every row is widened to E = max(S, C) entries; the added padding
+        continues the row's positions, so its zero keys land past what the row has fed, masked until the row writes
+        there (gpt.Ragged's padding, the same). The caption at its own positions has the prefill's causal mask, and
+        the previous sample's keys past it are masked too: nothing in gpt changes.
+        -> (the step's output [B, S], the prefills' output for index 0 [R, 1])."""
+        C, (B, S) = self.gpt.cfg.caption_len, tokens.shape
+        E = max(S, C)
+        ids = torch.cat([tokens, tokens.new_zeros(B, E - S)], 1)  # [B, E]
+        after = index[:, -1:] + torch.arange(1, E - S + 1, device=self.device)  # [B, E - S]
+        pos = torch.cat([index + C, after + C], 1)  # [B, E] sequence positions
+        lens = torch.full((B,), S, dtype=torch.long, device=self.device) if lengths is None else lengths.clone()
+        lens[rows] = C
+        pos[rows] = torch.arange(E, device=self.device)  # the caption, then padding at image indices 0 .. E - C - 1
+        ids[rows, :C] = torch.tensor([cap.encode(p) for p in prompts], device=self.device) + self.n_codes
+        if self._cfg:
+            uncond = ids.clone()
+            uncond[rows, :C] = torch.tensor([cap.null_caption()] * len(prompts), device=self.device) + self.n_codes
+            ids, pos, lens = torch.cat([ids, uncond]), pos.repeat(2, 1), lens.repeat(2)
+        logits, hidden = self.gpt(ids, pos, lens)  # [B or 2B, E, ...]
+        step = self._split(logits[:, :S], hidden[:, :S])
+        last = slice(C - 1, C)  # the prompt's last position predicts image index 0
+        cfg_rows = rows + B  # the unconditional rows of the admitted slots
+        pre = StepOutput(logits[rows, last], logits[cfg_rows, last] if self._cfg else None, hidden[rows, last],
+                         hidden[cfg_rows, last] if self._cfg else None)
+        return step, pre
 
     @torch.no_grad()
     def copy_cache(self, src: torch.Tensor, dst: torch.Tensor, where: torch.Tensor) -> None:

@@ -3,6 +3,7 @@
     dec = build(DecodeSpec.parse("ssd+csd"), model)        # the recipe's heads loaded once
     dec = dec.resolve(prompts, seeds, batch=16)             # a calibrated spec: the device's concrete choice
     res = dec.decode(prompts, seeds)                        # DecodeResult: tokens and per-sample statistics
+    res = dec.decode(prompts, seeds, slots=16)              # the same tokens, streamed through 16 slots (slots.py)
     str(dec)                                                # the full resolved spec; it reproduces the tokens
 
 `resolve` plans a calibrated spec once (calibrate.py) and returns the concrete decoder with its `plan`; any
@@ -61,9 +62,11 @@ class Decoder:
             heads = heads_for(spec, self.model)
         return Decoder(spec, self.model, heads, self.requested)
 
-    def decode(self, prompts: list[str], seeds: list[int]) -> DecodeResult:
-        """Decode prompts with per-sample seeds (engine.run); a fall-back to AR is said in each sample's stats."""
-        res = run(self.spec, self.model, prompts, seeds, self.heads)
+    def decode(self, prompts: list[str], seeds: list[int], slots: int | None = None) -> DecodeResult:
+        """Decode prompts with per-sample seeds (engine.run); a fall-back to AR is said in each sample's stats.
+        slots: stream them through this many slots (continuous batching, slots.py: the same tokens, in prompt
+        order); None: one fixed batch."""
+        res = run(self.spec, self.model, prompts, seeds, self.heads, slots)
         if self.falls_back:
             for st in res.stats:
                 st.ar_fallback = AR_FASTER

@@ -172,6 +172,10 @@ class Drafter(Protocol):
         """A forward's output; idx [B, S] the indices fed (out.hidden[:, s] is index idx[:, s]); fed [B, S]
         bool: which of them were real tokens (None: all; the rest is padding whose output is junk)."""
 
+    def restart(self, rows: torch.Tensor, out: StepOutput) -> None:
+        """Rows `rows` [R] took new samples (continuous batching, slots.py): forget what they held, as a fresh
+        drafter's rows, and `begin` them with their prefill's output out [R, 1]."""
+
     def draft(self, buf: torch.Tensor, start: torch.Tensor, first: torch.Tensor, end: torch.Tensor,
               u: torch.Tensor) -> torch.Tensor:
         """Fill buf[b, start_b + o] for window slots first_b <= o < end_b, in place; return the draft
@@ -191,6 +195,9 @@ class _GuessDrafter:
         pass
 
     def observe(self, out: StepOutput, idx: torch.Tensor, fed: torch.Tensor | None = None) -> None:
+        pass
+
+    def restart(self, rows: torch.Tensor, out: StepOutput) -> None:
         pass
 
     def guess(self, buf: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, rand: torch.Tensor) -> torch.Tensor:
@@ -261,6 +268,14 @@ class HeadsDrafter:
         self.hb[:, 0] = out.hidden[:, -1]
         if self.hbu is not None:
             self.hbu[:, 0] = out.hidden_uncond[:, -1]
+
+    def restart(self, rows: torch.Tensor, out: StepOutput) -> None:
+        # a fresh drafter's rows are zeros: the first draft after a resampled token reads the slot of an index
+        # its sample has not fed yet (window.py), which must not hold the slot's previous sample's state
+        for hs, new in ((self.hb, out.hidden), (self.hbu, out.hidden_uncond)):
+            if hs is not None:
+                hs[rows] = 0
+                hs[rows, 0] = new[:, -1].to(hs.dtype)
 
     def observe(self, out: StepOutput, idx: torch.Tensor, fed: torch.Tensor | None = None) -> None:
         slot = (idx + 1).clamp(max=self.hb.shape[1] - 1)  # [B, S]

@@ -1,7 +1,8 @@
 """Decoding as a spec says: its recipe (recipes.py) names the loop, and `run` calls it with the recipe's typed
 config. A spec's every input is an argument (the spec, the model, the prompts and seeds, the heads): nothing is
 kept on the model object, so a sample's tokens follow from its seed and the spec's text. Callers hold a
-`Decoder` (decoder.py), which calls `run`."""
+`Decoder` (decoder.py), which calls `run`. With `slots=B` fewer than the prompts, `run` streams them through B slots
+(continuous batching, slots.py): the same tokens as a fixed batch, the slots kept busy."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from .recipes import SamplingConfig
 from .protocol import ImageTokenModel
 from .spec import DecodeSpec
 from .drafters import SpatialHeads
+from .slots import decode_slots
 from .stats import DecodeResult
 from .window import decode_window
 
@@ -39,19 +41,25 @@ def heads_for(spec: DecodeSpec, model) -> SpatialHeads | None:
 
 
 def run(spec: DecodeSpec, model: ImageTokenModel, prompts: list[str], seeds: list[int],
-        heads: SpatialHeads | None = None) -> DecodeResult:
+        heads: SpatialHeads | None = None, slots: int | None = None) -> DecodeResult:
     """Decode prompts with per-sample seeds as the spec says; heads: an SSD spec's (default: loaded from
     spec.heads, or the model's own). A calibrated spec must be resolved first (calibrate.resolve): which rows it
-    decodes with is the device's choice, made once and recorded, never here."""
+    decodes with is the device's choice, made once and recorded, never here. slots: stream the prompts through
+    this many slots (slots.py; tokens in prompt order, as a fixed batch gives them); None, or at least as many as
+    the prompts: one fixed batch."""
     if spec.calibrated:
         raise ValueError(f"decoder spec {str(spec)!r} is calibrated (calibrated=true): resolve it first "
                          "(ssdgen.decoders.resolve) into the concrete spec the device chose, and run that")
+    if slots is not None and slots < 1:
+        raise ValueError(f"slots must be at least 1, got {slots}")
     if heads is None:
         heads = heads_for(spec, model)
+    if slots is not None and slots < len(prompts):
+        return decode_slots(spec.recipe.loop, model, prompts, seeds, spec.sampling, spec.config(), heads, slots)
     return LOOPS[spec.recipe.loop](model, prompts, seeds, spec.sampling, spec.config(), heads)
 
 
 def decode(name: str, model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
-           params: dict | None = None, heads: SpatialHeads | None = None) -> DecodeResult:
+           params: dict | None = None, heads: SpatialHeads | None = None, slots: int | None = None) -> DecodeResult:
     """`run` for a caller holding a family name and a flat params dict (tests, notebooks)."""
-    return run(DecodeSpec.of(name, params, sc), model, prompts, seeds, heads)
+    return run(DecodeSpec.of(name, params, sc), model, prompts, seeds, heads, slots)

@@ -131,6 +131,14 @@ class Streams:
         """Each sample's uniforms counter * width + j of its `purpose` stream: [B, ..., width]."""
         return uniform(self.base(purpose), counter, width)
 
+    def admit(self, rows: torch.Tensor, seeds: list[int]) -> None:
+        """Rows `rows` [R] take new samples with `seeds` (continuous batching, slots.py): their keys and the stream
+        bases made so far become the new seeds', in place, so a holder of a base (PositionNoise) sees them too."""
+        key = keys(seeds, self.key.device)  # [R]
+        self.key[rows] = key
+        for purpose, b in self._bases.items():
+            b[rows] = base(key, purpose)
+
 
 def gumbel(u: torch.Tensor) -> torch.Tensor:
     """Standard Gumbel noise from uniforms in (0, 1)."""
@@ -151,6 +159,11 @@ class PositionNoise:
         self.base, self.V, self.span = noise_base, V, span
         self.ring = torch.zeros(B, span, V, device=dev)  # [B, span, V]
         self.held = torch.full((B, span), -1, dtype=torch.long, device=dev)  # the index each slot holds
+
+    def forget(self, rows: torch.Tensor) -> None:
+        """Rows `rows` [R] took new samples (their bases changed with Streams.admit): none of their held rows is
+        theirs any more."""
+        self.held[rows] = -1
 
     def rows(self, index: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """index [B, S] (S <= span distinct indices per sample, e.g. a window) -> Gumbel noise [B, S, V].

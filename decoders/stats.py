@@ -1,5 +1,6 @@
 """The `Tally` every decoder (ar, window, block) keeps a batch's statistics in while it decodes, and the result
-it returns; a sample's statistics themselves are `SampleStats` (sample_stats.py, torch-free).
+it returns, with the batch's slot occupancy (`Occupancy`); a sample's statistics themselves are `SampleStats`
+(sample_stats.py, torch-free).
 """
 
 from __future__ import annotations
@@ -12,9 +13,26 @@ from .sample_stats import COMMIT_AR, SampleStats
 
 
 @dataclass
+class Occupancy:
+    """How much of a decode call's batch did work: over the model forwards it ran (prefills included), the share
+    of slot-forwards in which the slot fed a sample's tokens or prefilled a prompt. A slot is idle when its sample
+    has finished and nothing took its place: in a fixed batch until the batch's slowest sample is done, in a
+    stream (slots.py) once the queue is empty, or during a prefill forward of other slots only."""
+
+    slots: int  # the batch's rows (a stream's B; a fixed batch's B)
+    forwards: int  # model forwards the call ran, prefills included
+    busy: int  # slot-forwards that did work
+
+    @property
+    def share(self) -> float:
+        return self.busy / max(1, self.slots * self.forwards)
+
+
+@dataclass
 class DecodeResult:
     tokens: torch.Tensor  # [B, H*W] image token ids
     stats: list[SampleStats]
+    occupancy: Occupancy | None = None  # None: the loop does not count it (the block decoder)
 
 
 class Tally:
@@ -76,25 +94,43 @@ class Tally:
             self.blocks[b].append(sizes_host[b])
             self.rounds[b].append(rounds_host[b])
 
-    def stats(self, grid: tuple[int, int], seconds: float, extra: dict) -> list[SampleStats]:
-        """Per-sample statistics; `extra` (decoder settings) goes to every sample."""
+    def reset(self, rows: list[int]) -> None:
+        """Slots `rows` take new samples (continuous batching, slots.py): their counters start again, as a fresh
+        batch's do."""
+        r = torch.tensor(rows, dtype=torch.long, device=self.commit.device)
+        self.commit[r] = COMMIT_AR
+        self.forwards[r], self.fed[r] = 1, 1
+        for t in (self.ent_sum, self.drafted, self.accepted, self.relaxed):
+            t[r] = 0
+        if self.hist is not None:
+            self.hist[r] = 0
+            self.hist[r, 1] = 1
+        for b in rows:
+            self.blocks[b], self.rounds[b] = [], []
+
+    def stats(self, grid: tuple[int, int], seconds: float, extra: dict,
+              rows: list[int] | None = None) -> list[SampleStats]:
+        """Per-sample statistics of `rows` (None: every row); `extra` (decoder settings) goes to every sample."""
         N = grid[0] * grid[1]
-        commit = self.commit[:, :N].cpu().numpy()
+        rows = list(range(len(self.rows))) if rows is None else rows
+        r = torch.tensor(rows, dtype=torch.long, device=self.commit.device)
+        commit = self.commit[r, :N].cpu().numpy()
         forwards, ent_sum, drafted, accepted, relaxed, fed = (
-            t.cpu() for t in (self.forwards, self.ent_sum, self.drafted, self.accepted, self.relaxed, self.fed))
-        hist = None if self.hist is None else self.hist.cpu()
+            t[r].cpu() for t in (self.forwards, self.ent_sum, self.drafted, self.accepted, self.relaxed, self.fed))
+        hist = None if self.hist is None else self.hist[r].cpu()
+        blocks, rounds = [self.blocks[b] for b in rows], [self.rounds[b] for b in rows]
         stats = []
         for b in range(commit.shape[0]):
-            blocks = hist is None  # the block decoder records its blocks, the others a histogram
+            by_block = hist is None  # the block decoder records its blocks, the others a histogram
             stats.append(SampleStats(
                 forwards=int(forwards[b]),
                 tokens_per_forward_hist=_trimmed(hist[b].tolist()) if hist is not None else
-                _spread(self.blocks[b], self.rounds[b]),
+                _spread(blocks[b], rounds[b]),
                 acceptance_rate=float(accepted[b] / drafted[b]) if drafted[b] else float("nan"),
                 commit_map=commit[b].reshape(grid), mean_entropy=float(ent_sum[b] / N),
                 relaxed=int(relaxed[b]), tokens_fed=int(fed[b]) * self.cfg_rows,
-                block_sizes=self.blocks[b] if blocks else None,
-                rounds_per_block=self.rounds[b] if blocks else None, seconds=seconds, extra=extra))
+                block_sizes=blocks[b] if by_block else None,
+                rounds_per_block=rounds[b] if by_block else None, seconds=seconds, extra=extra))
         return stats
 
 

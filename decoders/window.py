@@ -52,6 +52,10 @@ Two options, off by default, live here too because only this loop has them:
   copied to their positions (model.copy_cache); if none is accepted, the token is drawn from the last residual.
   The candidates are fixed before the forward and every test uses its own uniform, so each committed token is a
   sample from the target given the tokens before it (tests/test_branches.py checks the distribution).
+
+Continuous batching (slots.py) runs this loop over B slots: `start_window` makes the state of the first B prompts,
+and `_Jacobi`'s slot methods give a finished sample's slot the next prompt, its prefill packed into the next
+forward (`forward(admit)`), every per-sample state started as `start_window` starts it (`admit`).
 """
 
 from __future__ import annotations
@@ -64,10 +68,10 @@ import torch
 from .drafters import DRAFTERS, Drafter
 from .protocol import ImageTokenModel, StepOutput, check_request
 from .recipes import Relaxation, SamplingConfig, WindowConfig, branch_tokens
-from .sample_stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED
-from .sampling import (PositionNoise, Purpose, Streams, gumbel_sample, model_device, prefill, processed_probs,
-                       sample_from)
-from .stats import DecodeResult, Tally
+from .sample_stats import COMMIT_ACCEPTED, COMMIT_BONUS, COMMIT_RELAXED, COMMIT_RESAMPLED, SampleStats
+from .sampling import (PositionNoise, Purpose, Streams, gumbel_sample, model_device, next_probs, prefill,
+                       processed_probs, sample_from)
+from .stats import DecodeResult, Occupancy, Tally
 from .verify import Verdict, entropy, residual, verify, verify_all, verify_candidates
 
 
@@ -78,6 +82,21 @@ def decode_window(model: ImageTokenModel, prompts: list[str], seeds: list[int], 
     by cfg.drafter (drafters.DRAFTERS; heads: SSD's, for the heads drafter) and accepted by cfg.relax."""
     check_request(model, prompts, seeds, sc.greedy, cfg.relax.active)
     t0 = time.perf_counter()
+    jac = start_window(model, prompts, seeds, sc, cfg, heads)
+    forwards = 1  # the prefill
+    while (jac.n < jac.N).any():
+        jac.forward()
+        forwards += 1
+    B = len(prompts)
+    stats = jac.tally.stats(model.grid, (time.perf_counter() - t0) / B, jac.settings)
+    busy = int(jac.tally.forwards.sum())  # each sample's forwards, its prefill included: the rows that worked
+    return DecodeResult(jac.buf[:, :jac.N].clone(), stats, Occupancy(B, forwards, busy))
+
+
+def start_window(model: ImageTokenModel, prompts: list[str], seeds: list[int], sc: SamplingConfig,
+                 cfg: WindowConfig, heads=None) -> _Jacobi:
+    """The batch's state after the prefill and the first window's drafts (a fixed batch's, or a stream's first B
+    prompts: slots.py); the prompts are checked by the caller."""
     dev = model_device(model)  # every buffer and key below lives on it
     streams = Streams(seeds, dev)
     N, L = model.grid[0] * model.grid[1], cfg.tokens(model.grid[1])
@@ -90,16 +109,17 @@ def decode_window(model: ImageTokenModel, prompts: list[str], seeds: list[int], 
     jac.tally.ent_sum += entropy(q0)
     drafter.begin(out)
     jac.first_window()
-    while (jac.n < jac.N).any():
-        jac.forward()
+    return jac
+
+
+def _settings(cfg: WindowConfig, L: int, drafter: Drafter, branches: "Branches | None") -> dict:
+    """The decoder settings every sample's statistics record (`extra`)."""
     extra = {"window": L, "init": drafter.name, "coupled": cfg.coupled, "lam": cfg.relax.lam,
              "delta": cfg.relax.delta, "window_sizes": "adaptive" if cfg.adaptive else "fixed",
-             "packed": cfg.packed} | ({"branches": cfg.branches, "branch_len": jac.branches.D_max}
-                                      if jac.branches else {})
+             "packed": cfg.packed} | ({"branches": cfg.branches, "branch_len": branches.D_max} if branches else {})
     if cfg.spatial:  # the settings of a drafter in raster rows (SSD's heads)
         extra |= {"rows": cfg.rows, "lossless": not cfg.relax.active, "commit": "prefix", "two_d": cfg.two_d}
-    stats = jac.tally.stats(model.grid, (time.perf_counter() - t0) / len(prompts), extra)
-    return DecodeResult(jac.buf[:, :jac.N].clone(), stats)
+    return extra
 
 
 class _Jacobi:
@@ -127,13 +147,20 @@ class _Jacobi:
         if self.branches and not self.packed:
             raise ValueError("branches need the packed step (packed=true): their entries are laid out per sample")
         self.L = torch.zeros_like(self.n)  # [B] tokens each sample feeds next (first_window, then _advance)
+        self.settings = _settings(cfg, L, drafter, self.branches)
 
-    def first_window(self) -> None:
-        """Fresh drafts for the first window, after the prefill's token 0."""
+    def first_window(self, new: torch.Tensor | None = None) -> None:
+        """Fresh drafts for the first window, after the prefill's token 0: every sample's, or those of the samples
+        where new [B] holds (slots that took new samples; the others keep their own)."""
         n, K = self.n, self.K
         u_init = self.streams.uniform(Purpose.SJD_FIRST, 0, width=K)  # [B, K]
-        self.L = self.sizes.lengths(n, self.N)
-        self.p = self.drafter.draft(self.buf, n, torch.zeros_like(n), (self.L - 1).clamp(min=0), u_init)
+        L = self.sizes.lengths(n, self.N)
+        first = torch.zeros_like(n) if new is None else torch.where(new, 0, K)  # K: a sample drafts nothing
+        p = self.drafter.draft(self.buf, n, first, (L - 1).clamp(min=0), u_init)
+        if new is None:
+            self.L, self.p = L, p
+        else:
+            self.L, self.p = torch.where(new, L, self.L), torch.where(new[:, None, None], p, self.p)
 
     def _feed(self) -> tuple[int, torch.Tensor | None]:
         """(slots fed per row S, the model's lengths): the packed step feeds each sample its own window L_b,
@@ -143,15 +170,19 @@ class _Jacobi:
         lo, hi = torch.stack([self.L.min(), self.L.max()]).tolist()  # the loop's one host sync per forward
         return max(hi, 1), (None if lo == hi else self.L)
 
-    def forward(self) -> None:
+    def forward(self, admit=None) -> StepOutput | None:
+        """One iteration (module doc); admit (slots.Admission, with `packs` only): prompts prefilled into their
+        finished slots in the same forward -> their prefill's output [R, 1] (None without)."""
         N, n, rows, L = self.N, self.n, self.rows, self.L
         S, lengths = self._feed()
         K = S - 1  # drafts fed this forward (the config's K when padded)
         active = n < N
         idx = (n - 1)[:, None] + self.slots[:S]  # [B, S] window indices, may run past N
         tokens = self.buf[rows[:, None], idx]  # [B, S]
-        lay = side = None
-        if self.branches is None:
+        lay = side = pre = None
+        if admit is not None:  # the admitted slots are finished (L = 0): the model replaces their rows
+            out, pre = self.model.admit(admit.rows, admit.prompts, tokens, idx, L if self.packed else None)
+        elif self.branches is None:
             out = self.model.step(tokens, idx, lengths)
         else:  # the main windows and their side branches in one forward (Branches, below)
             lay = self.branches.lay_out(tokens, idx, L, self.p)
@@ -185,6 +216,7 @@ class _Jacobi:
         self._record(v, q, n_acc, n_valid, active, width)  # the tokens computed
         self.sizes.observe(n_acc, n_valid, active)
         self._advance(v, q, jacobi, n_acc, u_init, active)
+        return pre
 
     def _record(self, v: Verdict, q: torch.Tensor, n_acc: torch.Tensor, n_valid: torch.Tensor,
                 active: torch.Tensor, width) -> None:
@@ -227,6 +259,47 @@ class _Jacobi:
         self.p = torch.where(active[:, None, None], torch.where(carry_ok[..., None], q_src, fresh_p), self.p)
         self.n = new_n
 
+    # ---- continuous batching (slots.py's SlotLoop): a slot whose sample is done takes the next prompt
+
+    @property
+    def packs(self) -> bool:
+        """Whether an admitted prompt's prefill rides in the step. Not in a tree step (branches): its entries are
+        laid out per row at the window's slots and scratch slots after it, a caption's 36 entries would widen every
+        row's tree to them, and gpt.tree_mask places entries from the row's first index, where a caption starts
+        at position 0; such prefills run in a forward of their own (slots.stream)."""
+        return self.branches is None
+
+    def done(self) -> list[bool]:
+        """[B] whether each slot's sample holds all its tokens (the loop's one host sync per forward)."""
+        return (self.n >= self.N).tolist()
+
+    def harvest(self, b: int) -> tuple[torch.Tensor, SampleStats]:
+        """Slot b's finished sample: its tokens [N] and statistics."""
+        return self.buf[b, :self.N].clone(), self.tally.stats(self.model.grid, 0.0, self.settings, rows=[b])[0]
+
+    def idle_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens, index [B, 1], lengths [B]) of a step in which no slot feeds anything: each row's padding at the
+        index its next window starts at, which that window rewrites before any query reads it."""
+        index = (self.n - 1)[:, None]
+        return torch.zeros_like(index), index, torch.zeros_like(self.n)
+
+    def admit(self, admit, pre: StepOutput) -> None:
+        """Slots admit.rows start samples admit.seeds from their prefill's output pre [R, 1], every per-sample state
+        as `start_window` makes it, so their tokens are a fixed batch's."""
+        rows = admit.rows
+        self.streams.admit(rows, admit.seeds)  # the coupled noise's base too (PositionNoise holds it)
+        if self.noise is not None:
+            self.noise.forget(rows)
+        q0 = next_probs(pre, self.sc)  # [R, V]
+        self.buf[rows] = 0
+        self.buf[rows, 0] = sample_from(q0, self.streams.uniform(Purpose.TOKEN, 0)[rows])
+        self.tally.reset(admit.at)
+        self.tally.ent_sum[rows] += entropy(q0)
+        self.drafter.restart(rows, pre)
+        self.n[rows], self.t[rows] = 1, 0
+        self.sizes.restart(rows)
+        self.first_window(torch.zeros_like(self.n, dtype=torch.bool).index_fill_(0, rows, True))
+
 
 MIN_WINDOW = 2  # the last committed token and one draft
 GROW, SHRINK = 2, 1  # HF's heuristic schedule: +2 candidates after a fully accepted forward, -1 after a rejection
@@ -246,6 +319,10 @@ class WindowSizes:
         if self.adaptive:
             step = torch.where(n_accepted >= judged, GROW, -SHRINK)
             self.want = torch.where(active, (self.want + step).clamp(MIN_WINDOW, self.window), self.want)
+
+    def restart(self, rows: torch.Tensor) -> None:
+        """Rows `rows` [R] took new samples: they start at the full window again."""
+        self.want[rows] = self.window
 
     def lengths(self, n: torch.Tensor, N: int) -> torch.Tensor:
         """[B] tokens each sample feeds next, given its committed count n [B]: 0 once it has all N."""

@@ -95,5 +95,6 @@ class RoundLines:
         spent = time.perf_counter() - self.t0
         left = spent / self.done * (self.total - self.done)
         after = f"; then {self.rest:,} quality and fidelity images" if self.rest else ""
+        todo = f"about {duration(left)} of timing left" if self.done < self.total else "timing done"
         self.log(f"bench: round {r + 1}/{rounds}, batch {bs} timed: {self.done:,}/{self.total:,} timed images in "
-                 f"{duration(spent)}, about {duration(left)} of timing left{after}")
+                 f"{duration(spent)}, {todo}{after}")

@@ -76,7 +76,7 @@ def test_the_bench_says_first_what_it_decodes_then_a_line_per_round_off_a_termin
     assert [x.split(" timed:")[0] for x in rounds] == [
         "bench: round 1/2, batch 1", "bench: round 1/2, batch 2", "bench: round 2/2, batch 1",
         "bench: round 2/2, batch 2"]
-    assert "16/16 timed images" in rounds[-1] and "of timing left" in rounds[-1]
+    assert "of timing left" in rounds[0] and "16/16 timed images" in rounds[-1] and "timing done" in rounds[-1]
 
 
 def _stop_at(monkeypatch, call: int):

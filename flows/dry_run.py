@@ -59,19 +59,19 @@ def _planned(m: dict, cfg: RunSettings, rows: int, when: str) -> tuple[float | N
     best = max(est, key=est.get)
     choice, batch = best.split("@")
     cached = "cached" if m.get("cached") else "measured and cached"
-    return est[best], (f"planned from this machine's device profile ({cached} by the last run with these settings, "
-                       f"{when}; workers/plan_cache.py): {choice} at batch {batch}")
+    return est[best], (f"planned from this machine's device profile, {cached} by the last run with these settings "
+                       f"on {when} (workers/plan_cache.py): {choice} at batch {batch}")
 
 
 def _startup(prep, record: dict | None) -> tuple[float | None, str]:
     """(start-up seconds end to end, where that figure comes from)."""
     if record is not None and record.get("startup_s_end_to_end") is not None:
-        return float(record["startup_s_end_to_end"]), (f"start-up as the last run with these settings on this "
-                                                       f"machine took it ({record.get('written_at', '')[:10]})")
+        return float(record["startup_s_end_to_end"]), (f"as the last run with these settings on this machine took "
+                                                       f"it, on {record.get('written_at', '')[:10]}")
     recorded = prep.out.read_summary() or {}
     for k in ("startup_s_end_to_end", "startup_s"):  # an older summary has the flow's own only
         if recorded.get(k):
-            return float(recorded[k]), f"start-up as this output's last run took it (summary.json, {k})"
+            return float(recorded[k]), f"as this output's last run took it (summary.json's {k})"
     return None, ("start-up not included: no run with these settings on this machine recorded one (Prefect, Ray "
                   "and the model loads take seconds to a minute)")
 

@@ -43,8 +43,8 @@ def test_a_calibrated_decoder_is_estimated_from_the_cached_profiles_plan_at_the_
     machine_record.save(cfg, _ran({}), plan)
     d = dry_run(cfg)
     assert d["images_per_s_per_actor"] == 2.5 and d["actors"] == 2
-    assert d["rate_source"].startswith("planned from this machine's device profile (cached by the last run with "
-                                       "these settings") and d["rate_source"].endswith(": w5 at batch 4")
+    assert d["rate_source"].startswith("planned from this machine's device profile, cached by the last run with "
+                                       "these settings on ") and d["rate_source"].endswith(": w5 at batch 4")
     assert d["startup_s"] == 9.5 and "the last run with these settings on this machine" in d["startup_source"]
     assert d["decode_s"] == pytest.approx(10 / (2.5 * 2)) and d["seconds"] == pytest.approx(9.5 + 2.0)
     per_h = d["usd"]["on_demand"] / (d["seconds"] * 2 / 3600)  # 2 actors x 1 vCPU, start-up included
@@ -69,6 +69,6 @@ def test_the_estimate_prints_with_the_digits_that_matter(job, capsys):
     _print_estimate(dry_run(cfg))
     out = capsys.readouterr().out
     assert "estimate: about 8.4 s on 2 actor(s), start-up included" in out
-    assert "start-up 8 s (start-up as the last run with these settings on this machine took it" in out
+    assert "start-up 8 s (as the last run with these settings on this machine took it, on " in out
     assert "decoding 10 prompts: 0.33 s at 15 images/s per actor" in out
     assert "0.0 min" not in out and not re.search(r"\$0\.0000\b", out) and "cost: $0.000" in out

@@ -80,7 +80,8 @@ def test_a_flow_under_temporary_api_prints_no_server_banner(tmp_path):
             "    from prefect import flow\n"
             "    with server.api():\n"
             "        print('answer', flow(name='probe')(lambda: 42)(), server is not None)\n")
-    env = cli_env(PREFECT_HOME=str(tmp_path))  # no Prefect API named: the run starts its own
+    # no Prefect API named: the run starts its own; a loaded machine may take longer than Prefect's 20 s to start it
+    env = cli_env(PREFECT_HOME=str(tmp_path), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -8,8 +8,8 @@ With two torch threads on two cores, any busy process on the other core cuts mat
   - CPU steal, as a share of the machine's CPU time, where the kernel reports it.
 
 The load average is kept in the report but warns on nothing: it lags, so it shows the user's previous command.
-A busy machine (other processes' CPU or steal) gets a warning in the console, the JSON and the HTML: the intervals still hold, but they are
-wider, and a verdict from a loaded machine is worth less than one from a quiet one.
+A busy machine (other processes' CPU or steal) gets a warning in the console, the JSON and the HTML: the
+intervals still hold, but they are wider, and a verdict from a loaded machine is worth less than one from a quiet one.
 """
 
 from __future__ import annotations

@@ -27,19 +27,19 @@ def cli(*args):
 @pytest.fixture(scope="module")
 def tiny_bench(tmp_path_factory):
     """A real bench run (ar and csd, batches 1 and 2) on the tiny random model: seconds, not minutes."""
-    import torch
     from ssdgen.decoders.spec import DecodeSpec
     from ssdgen.bench.decode import bench
     from ssdgen.reference.tiny import tiny_model
     m = tiny_model(tmp_path_factory.mktemp("tiny"))
     res = bench(m, [DecodeSpec.parse("ar"), DecodeSpec.parse("csd:window=4")], 2, [1, 2], 0, log=lambda *_: None)
-    return res | {"_threads": torch.get_num_threads()}
+    from ssdgen.workers.cpus import ThreadPolicy
+    return res | {"_threads": ThreadPolicy.from_env().cap}  # the CPUs it holds, whatever it gave up meanwhile
 
 
 def test_bench_json_has_every_key_and_the_cost(tiny_bench):
     res = json.loads(json.dumps(tiny_bench))  # JSON-able
     assert res["price"]["device_type"] == "cpu" and res["price"]["unit"] == "vcpu"
-    assert res["devices"] == tiny_bench["_threads"] and res["device_type"] == "cpu"
+    assert res["devices"] == res["threads"] == tiny_bench["_threads"] and res["device_type"] == "cpu"
     assert set(res["model_info"]) >= {"params", "layers", "dim", "kv_dim", "prompt_len", "grid", "bytes_per_param"}
     assert [(r["decoder"], r["batch_size"]) for r in res["rows"]] == [
         ("ar", 1), ("csd:window=4", 1), ("ar", 2), ("csd:window=4", 2)]

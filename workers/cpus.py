@@ -1,13 +1,14 @@
 """The CPUs a decoding process may really use, and how many of them other processes leave it (#49).
 
 torch starts one intra-op thread per core it sees, and its OpenMP threads spin at every barrier. On a shared
-machine one busy neighbour on one of two cores made a 2-thread decode 12-28x slower: every parallel region waits
+machine one busy neighbour on one of two cores made a 2-thread decode 12-20x slower: every parallel region waits
 for the thread whose core the neighbour holds. Measured on this project's 2-core machine (docs/benchmarks.md,
 "A busy core"), v2 AR images/s at batch 1 / 8:
 
     2 threads, quiet 1.2 / 4.2; beside `while True` 0.045 / 0.20
     1 thread,  quiet 1.1 / 2.8; beside `while True` 1.0 / 2.7
     2 threads, OMP_WAIT_POLICY=PASSIVE, quiet 0.45 / 2.1 (sleeping at every barrier costs more than it saves)
+    the bench under this governor beside `while True`: 0.80 / 2.23, 69% / 57% of its quiet speed
 
 So the pool keeps its spin-wait (quiet speed is not given away) and the thread count follows what is free:
 
@@ -20,7 +21,7 @@ So the pool keeps its spin-wait (quiet speed is not given away) and the thread c
 
 The thread count decides no token: a sample's draws come from its seed, and matmuls on this model's shapes give
 the same tokens with 1 or 2 threads (tests/test_cpus.py); floats may differ in their last bits, as they do
-between machines (docs/reproducibility.md).
+between machines (docs/deployment.md, "Shared CPUs").
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ class Capabilities:
     weights_digest: str | None = None  # the weights' checksum
     kv_bytes_per_sample: Callable[[bool], int] | None = None  # use_cfg -> bytes of one sample's caches
     kv_dtype: str | None = None  # what its KV cache stores keys and values in (`reference:kv=bf16`): a step's speed
+    attention: str | None = None  # which kernel its cached steps' attention runs ("op", "sdpa"): a step's speed
 
 
 @dataclass

@@ -198,8 +198,9 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
         else:
             k, v = self.kv_cache.update(slots, k, v)
-            y = decode_attention.attention(q, k, v, mask)  # [B, 1, H, hd]: plain-AR fp32 steps on the CPU
-            if y is None:
+            # [B, S, H, hd]: every cached step of 1 to 16 queries on the CPU (plain AR, windows, packed, trees)
+            y = decode_attention.attention(q, k, v, mask)
+            if y is None:  # a GPU, a prefill (more than 16 queries), no op built: SDPA
                 T = mask.shape[-1]  # attend only up to the furthest position in use, not the whole cache
                 # a cache in another precision (reference:kv=bf16): attention runs in it, as a GPU's kernel would
                 y = F.scaled_dot_product_attention(q.to(k.dtype), k[:, :, :T], v[:, :, :T], attn_mask=mask)

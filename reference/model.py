@@ -9,6 +9,7 @@ import torch
 from ssdgen.decoders.protocol import Capabilities, StepOutput
 
 from ssdgen.reference import captions as cap
+from ssdgen.reference import decode_attention
 from ssdgen.reference.gpt import SPARE_POSITIONS
 from ssdgen.reference.weights import load_bundle
 
@@ -76,11 +77,13 @@ class ReferenceModel:
     @property
     def capabilities(self) -> Capabilities:
         """Tree attention (step takes tree=, copy_cache moves a branch's keys: decoders/window.py), its own
-        heads, its weights' digest and its caches' size (decoders/protocol.py)."""
+        heads, its weights' digest, its caches' size and precision, and which attention its steps run: the
+        decode-attention op or SDPA (reference/decode_attention.py; decoders/protocol.py)."""
         return Capabilities(tree_attention=True, admit=True,
                             heads=None if self.default_heads is None else str(self.default_heads),
                             weights_digest=self.weights_digest, kv_bytes_per_sample=self.cache_bytes_per_sample,
-                            kv_dtype=str(self.kv_dtype).removeprefix("torch."))
+                            kv_dtype=str(self.kv_dtype).removeprefix("torch."),
+                            attention=decode_attention.kind(self.device, self.dtype, self.kv_dtype))
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, index: torch.Tensor, lengths: torch.Tensor | None = None,

@@ -1,6 +1,8 @@
-"""The C decode-attention loop (reference/decode_attention.c) against torch's SDPA, and its fallback.
+"""Decode attention in the model: the op `ssdgen::decode_attention` (reference/decode_attention.c) against torch's
+SDPA for a plain-AR step, in the model's cached steps (every one of 1 to 16 queries), and its fallback to SDPA.
+The op's own contract (windows, trees, bf16, bad calls, its build) is tests/test_decode_attention_op.py's.
 
-Outputs are compared with a float tolerance (the loop and SDPA sum in different orders); a row's independence
+Outputs are compared with a float tolerance (the op and SDPA sum in different orders); a row's independence
 from its batch-mates is compared exactly, on this machine, as the reproducibility rule needs."""
 
 import pytest
@@ -9,7 +11,7 @@ import torch.nn.functional as F
 
 from ssdgen.reference import decode_attention as da
 
-needs_loop = pytest.mark.skipif(da.loop() is None, reason="no C compiler here: the loop falls back to SDPA")
+needs_loop = pytest.mark.skipif(da.library() is None, reason="no C compiler here: attention falls back to SDPA")
 
 
 def _case(B, H, S, T, D, talloc=None, seed=0):
@@ -58,31 +60,32 @@ def test_a_query_with_every_slot_masked_gives_zeros():
 
 
 @needs_loop
-def test_what_the_loop_does_not_take_goes_to_sdpa():
+def test_what_the_op_does_not_take_goes_to_sdpa():
     q, k, v, mask = _case(2, 2, 1, 10, 32)
-    assert da.attention(q.double(), k.double(), v.double(), mask) is None  # fp32 only
-    assert da.attention(q, k.bfloat16(), v.bfloat16(), mask) is None  # reference:kv=bf16 keeps SDPA
-    assert da.attention(*_case(2, 2, 4, 40, 32)) is None  # a window: SDPA was faster there
-    assert da.attention(q, k, v, mask.expand(2, 2, 1, 10)) is None  # a mask per head
-    assert da.attention(q, k, v, mask.float()) is None  # an additive mask
+    assert da.attention(q.double(), k.double(), v.double(), mask) is None  # fp32 and bf16 caches only
+    assert da.attention(*_case(2, 2, 17, 40, 32)) is None  # more than 16 queries: a prefill
     assert da.attention(q.to("meta"), k.to("meta"), v.to("meta"), mask.to("meta")) is None
+    assert da.attention(q, k.bfloat16(), v.bfloat16(), mask) is not None  # reference:kv=bf16 takes the op
+    assert da.attention(*_case(2, 2, 4, 40, 32)) is not None  # so does a window
 
 
-def test_without_a_compiler_attention_stays_sdpa(monkeypatch, caplog):
+def test_without_a_compiler_attention_stays_sdpa_with_one_warning(monkeypatch, caplog):
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    monkeypatch.setattr(da, "_tried", False)
-    monkeypatch.setattr(da, "_lib", None)
+    monkeypatch.setattr(da, "_state", "untried")
+    monkeypatch.setattr(da, "_built", None)
     with caplog.at_level("WARNING", logger=da.__name__):
-        assert da.loop() is None
-    assert "SDPA" in caplog.text
+        assert da.library() is None and da.library() is None
+    assert caplog.text.count("SDPA") == 1 and da.state() == "unavailable"
     q, k, v, mask = _case(2, 2, 1, 10, 32)
     assert da.attention(q, k, v, mask) is None
+    assert da.kind("cpu", torch.float32, torch.float32) == "sdpa"
+    with pytest.raises(RuntimeError, match="not built"):
+        torch.ops.ssdgen.decode_attention(q, k, v, mask)
 
 
 def _steps(m):
-    """A CFG batch of 2 through the model's cached passes: the prefill, a plain-AR step (the loop), a ragged window
-    of 3 and a tree of 3 (SDPA, over the cache the loop's step wrote) -> their conditional and unconditional
-    logits."""
+    """A CFG batch of 2 through the model's cached passes: the prefill (SDPA), a plain-AR step, a ragged window
+    of 3 and a tree of 3 (the op) -> their conditional and unconditional logits."""
     m.start(["a large red circle at the center on a flat gray background"] * 2, use_cfg=True)
     outs = [m.step(torch.tensor([[1], [2]]), torch.tensor([[0], [0]]))]
     outs.append(m.step(torch.tensor([[3, 1, 0], [2, 2, 0]]), torch.tensor([[1, 2, 3], [1, 2, 3]]),
@@ -93,27 +96,36 @@ def _steps(m):
 
 
 @needs_loop
-def test_the_model_steps_match_sdpa(tmp_path, monkeypatch):
-    """The tiny reference model (fp32 on the CPU) through the loop and through SDPA: the same logits."""
+@pytest.mark.parametrize("kv", [None, torch.bfloat16])
+def test_the_model_steps_match_sdpa(tmp_path, monkeypatch, kv):
+    """The tiny reference model (fp32 on the CPU, its cache fp32 or bf16) through the op and through SDPA: the
+    same logits. Every cached step takes the op, plain AR, the packed window and the tree alike; the prefill
+    (36 queries) stays SDPA."""
     from tiny import tiny_model
+    from ssdgen.reference.model import ReferenceModel
     m = tiny_model(tmp_path / "t", scale=0.2)
-    taken, loop = [], da.attention
+    if kv is not None:
+        m = ReferenceModel(m.path, kv_dtype=kv)
+    taken, op = [], da.attention
 
     def counted(*a):
-        out = loop(*a)
+        out = op(*a)
         taken.append(out is not None)
         return out
     monkeypatch.setattr(da, "attention", counted)
-    with_loop = _steps(m)
-    assert sum(taken) == m.gpt.cfg.n_layers  # the plain-AR step through the loop; the prefill and windows SDPA
+    with_op = _steps(m)
+    assert taken == [False] * m.gpt.cfg.n_layers + [True] * 3 * m.gpt.cfg.n_layers
+    assert m.capabilities.attention == "op"
     monkeypatch.setattr(da, "attention", lambda *a: None)
-    for a, b in zip(with_loop, _steps(m), strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    tol = {"atol": 1e-5, "rtol": 1e-4} if kv is None else {"atol": 2e-2, "rtol": 2e-2}
+    for a, b in zip(with_op, _steps(m), strict=True):
+        torch.testing.assert_close(a, b, **tol)
 
 
 @needs_loop
 def test_a_profile_names_the_loop():
-    """torch.profiler cannot look into the C call: it is labelled, so `python -m lab roofline --profile` shows it."""
+    """torch.profiler cannot look into the C call: the op's registered name labels it, so `python -m lab roofline
+    --profile` shows it."""
     from torch.profiler import ProfilerActivity, profile
     q, k, v, mask = _case(2, 2, 1, 10, 32)
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -35,15 +35,19 @@ def hardware() -> str:
 
 def key(model, spec, batch: int | list[int], threads: int | None = None) -> str:
     """The cache key: hardware, torch version and threads (`threads`: the count the process runs when the
-    machine is quiet, workers/cpus.py; default torch's now), device, model weights and KV cache precision, spec
-    text and batch (or the batch sizes a plan chooses among)."""
+    machine is quiet, workers/cpus.py; default torch's now), device, model weights, KV cache precision and the
+    attention kernel its steps run (the model's capabilities), spec text and batch (or the batch sizes a plan
+    chooses among)."""
     import torch
     dev = str(getattr(model, "device", "cpu"))
     gpu = torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else ""
     parts = [VERSION, hardware(), gpu, torch.__version__, threads or torch.get_num_threads(), dev,
              str(getattr(model, "dtype", "")), model.name, model.capabilities.weights_digest, str(spec), batch]
-    if model.capabilities.kv_dtype is not None:  # a step's speed: plans measured with another cache differ
-        parts.append(model.capabilities.kv_dtype)
+    caps = model.capabilities
+    if caps.kv_dtype is not None:  # a step's speed: plans measured with another cache differ
+        parts.append(caps.kv_dtype)
+    if caps.attention is not None:  # and a step with the decode-attention op from one with SDPA (#37: 1.38x)
+        parts.append(f"attention={caps.attention}")
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
 
 

@@ -109,6 +109,7 @@ def load(source: str, package: str = __package__) -> Built:
     tmp = _scratch(path)
     if tmp is not None:
         _compile(cc, src, tmp)
+        os.chmod(tmp, 0o755)  # mkstemp's 0600 would keep other users of a shared SSDGEN_OPS_DIR from loading it
         os.replace(tmp, path)  # atomic: a process loading `path` meanwhile finds the old file or the whole new one
         return Built(_open(path), path, compiled=True)
     folder = Path(tempfile.mkdtemp(prefix="ssdgen-ops-"))

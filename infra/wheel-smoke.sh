@@ -90,8 +90,8 @@ if root in where.parents:
 assert "cpu" in load_prices(), DEFAULT_PRICES
 import shutil
 from ssdgen.reference import decode_attention
-if shutil.which("cc") and decode_attention.loop() is None:  # the C source ships in the wheel and builds
-    sys.exit("error: decode attention's C loop did not build from the wheel")
+if shutil.which("cc") and decode_attention.library() is None:  # the C source ships in the wheel and builds
+    sys.exit("error: the decode-attention op did not build from the wheel")
 pq.write_table(pq.read_table(EXAMPLES_PARQUET).slice(0, 4), "prompts.parquet")
 print(f"ssdgen from {where.parent}; prices {DEFAULT_PRICES.name}; 4 example prompts")
 EOF

@@ -105,8 +105,9 @@ def test_prefect_entrypoint_loads_and_parameters_match_the_flow_signature(monkey
     from prefect.flows import load_flow_from_entrypoint
     from ssdgen.flows.pipeline import RunSettings, generate
     sig = inspect.signature(generate.fn)
-    # the run's settings are one parameter (and the progress bar, and --overwrite's action): none for tests alone
-    assert set(sig.parameters) == {"settings", "progress", "overwrite"}
+    # the run's settings are one parameter (and the progress bar, --overwrite's action, and the command's start
+    # time for its end-to-end figures, None in a deployment: it counts from its own start): none for tests alone
+    assert set(sig.parameters) == {"settings", "progress", "overwrite", "started"}
     assert sig.parameters["settings"].annotation in (RunSettings, "RunSettings")
     required = {n for n, p in sig.parameters.items() if p.default is inspect.Parameter.empty}
     monkeypatch.chdir(ROOT)  # deployments load the entrypoint relative to the repository root

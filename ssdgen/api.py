@@ -62,6 +62,8 @@ def sample(prompts, n: int = 1, *, seed: int = 0, decoder: str = "ssd+csd", mode
     batch = [p for p in prompts for _ in range(n)]
     seeds = [seed + i for i in range(len(batch))]
     m.validate_prompts(batch)
-    dec = build(DecodeSpec.parse(decoder), m).resolve(batch, seeds, len(batch))
-    res = dec.decode(batch, seeds)
+    from ssdgen.workers.cpus import governed
+    with governed(m):  # threads follow what other processes leave, as `ssdgen sample`'s (workers/cpus.py)
+        dec = build(DecodeSpec.parse(decoder), m).resolve(batch, seeds, len(batch))
+        res = dec.decode(batch, seeds)
     return [Image.fromarray(img) for img in m.decode_images(res.tokens).numpy()]

@@ -289,7 +289,10 @@ def _machine_load(actors: list, stop: StopSignals):
     where at least one actor runs; a no-op context otherwise (a cluster's nodes are not seen from here)."""
     import ray
     from ssdgen.workers.cpus import RunLoad
-    here = ray.get_runtime_context().get_node_id()
+    try:
+        here = ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - a Ray Client driver has no node of its own: nothing here to watch
+        return contextlib.nullcontext()
     pids = {i["pid"] for i in _get([a.info.remote() for a in actors], stop) if i["node_id"] == here}
     return RunLoad(pids) if pids else contextlib.nullcontext()
 
